@@ -1,0 +1,49 @@
+# make demo: the main job on the default BERT.  make test: every test in both TVM environments.
+SHELL := /bin/bash
+PYTHON311 ?= python3
+# pyenv's shim answers for python3.10 only where 3.10 is the active version: fall back to its folder.
+PYTHON310 ?= $(shell python3.10 -c 'import sys; print(sys.executable)' 2>/dev/null || ls -d $$HOME/.pyenv/versions/3.10*/bin/python3.10 2>/dev/null | tail -n 1)
+VENV := .venv
+VENV_RELAY := .venv-relay
+
+.PHONY: demo test test-main test-relay bench lint clean
+
+$(VENV)/.installed: requirements/main.txt requirements/constraints-main.txt setup.py
+	test -x $(VENV)/bin/python || $(PYTHON311) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -r requirements/main.txt -c requirements/constraints-main.txt
+	$(VENV)/bin/pip install -q --no-deps -e .
+	touch $@
+
+$(VENV_RELAY)/.installed: requirements/relay.txt requirements/constraints-relay.txt setup.py
+	@test -n "$(PYTHON310)" || { echo "python3.10 not found: the Relay environment needs it" >&2; exit 1; }
+	test -x $(VENV_RELAY)/bin/python || $(PYTHON310) -m venv $(VENV_RELAY)
+	$(VENV_RELAY)/bin/pip install -q --upgrade pip
+	$(VENV_RELAY)/bin/pip install -q -r requirements/relay.txt -c requirements/constraints-relay.txt
+	$(VENV_RELAY)/bin/pip install -q --no-deps -e .
+	touch $@
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/tvm-combiners run --target llvm --ir relax --batch 1 --seq 128
+
+test: $(VENV)/.installed $(VENV_RELAY)/.installed
+	@status=0; \
+	$(MAKE) --no-print-directory test-main || status=1; \
+	$(MAKE) --no-print-directory test-relay || status=1; \
+	exit $$status
+
+test-main: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/python -m pytest -q tests --ignore=tests/relay
+
+test-relay: $(VENV_RELAY)/.installed
+	$(VENV_RELAY)/bin/python -m pytest -q tests/relay
+
+bench: $(VENV)/.installed $(VENV_RELAY)/.installed
+	$(VENV)/bin/python benchmarks/bench_combiners.py
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) $(VENV_RELAY) *.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,288 @@
+"""Find groups of parallel branches that can share one combined op.
+
+A branch starts at a *root* (matmul, conv2d, ...) reading a shared input and continues through
+elementwise/broadcast *followers* whose input has no other user. Branches group when their shared
+inputs are structurally equal (value numbering, not object identity) and their roots agree on
+everything in :attr:`RootInfo.key`; a group extends through followers as deep as all its
+branches agree. Every group is checked for dependencies like XLA's combiners do: no input of the
+combined op may depend on any node the combined op replaces, taking earlier combinations into
+account, so a rewrite can never create a cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .graph import Dim, Graph, Reachability, bitset
+from .kernel_alignment import KernelAlignment, align_kernels
+
+
+@dataclass(frozen=True)
+class CombineOptions:
+    """Limits on a combined group, in the spirit of XLA's combiner thresholds.
+
+    ``max_branches`` caps how many branches one combined op covers, ``max_combined_bytes`` caps
+    the size of its concatenated weight; a group that would exceed either is cut into several
+    combined ops. ``None`` means unlimited.
+    """
+
+    min_num_branches: int = 2
+    max_branches: int | None = None
+    max_combined_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.min_num_branches < 2:
+            raise ValueError(f"min_num_branches must be >= 2, got {self.min_num_branches}")
+        if self.max_branches is not None and self.max_branches < self.min_num_branches:
+            raise ValueError(
+                f"max_branches ({self.max_branches}) must be >= min_num_branches ({self.min_num_branches})"
+            )
+        if self.max_combined_bytes is not None and self.max_combined_bytes <= 0:
+            raise ValueError(f"max_combined_bytes must be positive, got {self.max_combined_bytes}")
+
+
+@dataclass(frozen=True)
+class SideOperand:
+    """How a follower's non-branch operand enters the combined follower.
+
+    ``shared``: equal in all branches and constant along the split axis, used once.
+    ``concat``: one slice per branch along ``axis``. ``expand``: constant along the split axis
+    but different per branch, so each is broadcast to ``shapes[b]`` and then concatenated.
+    """
+
+    position: int
+    mode: str
+    axis: int = 0
+    shapes: tuple[tuple[Dim, ...], ...] = ()
+
+
+@dataclass(frozen=True)
+class FollowerStep:
+    nodes: tuple[int, ...]  # the follower of each branch at this depth
+    carried: tuple[int, ...]  # operand positions fed by the previous step
+    sides: tuple[SideOperand, ...]
+
+
+@dataclass(frozen=True)
+class CombinePlan:
+    """One combined op: its branches (in program order), followers and split."""
+
+    family: str
+    roots: tuple[int, ...]
+    widths: tuple[int, ...]
+    steps: tuple[FollowerStep, ...]
+    out_axis: int
+    weight_axis: int
+    alignment: KernelAlignment | None = None
+
+    @property
+    def ends(self) -> tuple[int, ...]:
+        """The last node of every branch: where the split results replace the branch."""
+        return self.steps[-1].nodes if self.steps else self.roots
+
+    @property
+    def members(self) -> list[int]:
+        return list(self.roots) + [n for step in self.steps for n in step.nodes]
+
+
+Veto = Callable[[CombinePlan], bool]
+
+
+def plan_combinations(
+    graph: Graph,
+    families: Sequence[str],
+    options: CombineOptions = CombineOptions(),
+    veto: Veto | None = None,
+) -> list[CombinePlan]:
+    """All combinations to apply to ``graph``, in deterministic program order."""
+    return _Planner(graph, frozenset(families), options, veto).run()
+
+
+class _Planner:
+    def __init__(self, graph: Graph, families: frozenset[str], options: CombineOptions, veto: Veto | None):
+        self.graph = graph
+        self.families = families
+        self.options = options
+        self.veto = veto
+        self.users = graph.users()
+        self.values = graph.value_numbers()
+        self.reach = Reachability(graph)
+        self.taken: set[int] = set()
+
+    def run(self) -> list[CombinePlan]:
+        buckets: dict[tuple, list[int]] = {}
+        for node in self.graph.nodes:
+            info = node.root
+            if info is None or info.family not in self.families:
+                continue
+            if not isinstance(info.width, int) or info.width <= 0:
+                continue  # a symbolic width cannot be split at a known offset: leave it alone
+            if set(node.deps) != set(node.operands):
+                continue
+            data = node.operands[info.data]
+            buckets.setdefault((self.values[data], info.key), []).append(node.index)
+        plans: list[CombinePlan] = []
+        for roots in buckets.values():
+            plans.extend(self._plans_for_bucket(roots))
+        plans.sort(key=lambda p: p.roots[0])
+        return plans
+
+    def _plans_for_bucket(self, roots: list[int]) -> list[CombinePlan]:
+        plans: list[CombinePlan] = []
+        remaining = [r for r in roots if r not in self.taken]
+        while len(remaining) >= self.options.min_num_branches:
+            chosen = [remaining[0]]
+            plan: CombinePlan | None = None
+            for candidate in remaining[1:]:
+                trial = self._plan(chosen + [candidate])
+                if trial is not None:
+                    chosen.append(candidate)
+                    plan = trial
+            if plan is None or len(chosen) < self.options.min_num_branches:
+                remaining = remaining[1:]
+                continue
+            remaining = [r for r in remaining if r not in chosen]
+            if self.veto is not None and self.veto(plan):
+                continue
+            plans.append(plan)
+            self.taken.update(plan.members)
+            self.reach.contract(plan.members)
+        return plans
+
+    # -- one candidate set of branches -------------------------------------------------------
+
+    def _branch_count(self, root: int) -> int:
+        """Branches a root already stands for: a previously combined op ends in a split."""
+        chain = self._chain(root)
+        users = self.users[chain[-1]]
+        if len(users) == 1 and self.graph[users[0]].split_sections:
+            return int(self.graph[users[0]].split_sections)
+        return 1
+
+    def _plan(self, roots: list[int]) -> CombinePlan | None:
+        opts = self.options
+        if opts.max_branches is not None and sum(self._branch_count(r) for r in roots) > opts.max_branches:
+            return None
+        infos = [self.graph[r].root for r in roots]
+        first = infos[0]
+        alignment = None
+        if first.kernel is not None:
+            alignment = align_kernels([info.kernel for info in infos])
+            if alignment is None:
+                return None
+        if opts.max_combined_bytes is not None:
+            total = self._weight_bytes(roots, alignment)
+            if total is None or total > opts.max_combined_bytes:
+                return None
+        widths = tuple(int(info.width) for info in infos)
+        steps = self._steps(roots, widths, first.out_axis)
+        plan = CombinePlan(first.family, tuple(roots), widths, tuple(steps), first.out_axis, first.weight_axis, alignment)
+        if not self._independent(plan):
+            return None
+        return plan
+
+    def _weight_bytes(self, roots: list[int], alignment: KernelAlignment | None) -> int | None:
+        total = 0
+        for r in roots:
+            info = self.graph[r].root
+            nbytes = self.graph[self.graph[r].operands[info.weight]].nbytes
+            if nbytes is None:
+                return None
+            if alignment is not None:
+                for (k, *_), size in zip(info.kernel, alignment.sizes, strict=False):
+                    nbytes = nbytes // k * size
+            total += nbytes
+        return total
+
+    def _chain(self, root: int) -> list[int]:
+        """The longest run of single-use, shape-preserving followers after ``root``."""
+        chain = [root]
+        while True:
+            cur = self.graph[chain[-1]]
+            users = self.users[cur.index]
+            if cur.escapes or len(users) != 1:
+                return chain
+            nxt = self.graph[users[0]]
+            if (
+                nxt.follower is None
+                or nxt.index in self.taken
+                or cur.shape is None
+                or nxt.shape != cur.shape
+                or cur.index not in nxt.operands
+                or set(nxt.deps) != set(nxt.operands)
+            ):
+                return chain
+            chain.append(nxt.index)
+
+    def _steps(self, roots: list[int], widths: tuple[int, ...], axis: int) -> list[FollowerStep]:
+        chains = [self._chain(r) for r in roots]
+        steps: list[FollowerStep] = []
+        depth = 1
+        while all(len(c) > depth for c in chains):
+            step = self._step([c[depth] for c in chains], [c[depth - 1] for c in chains], widths, axis)
+            if step is None:
+                break
+            steps.append(step)
+            depth += 1
+        return steps
+
+    def _step(self, nodes: list[int], prevs: list[int], widths: tuple[int, ...], axis: int) -> FollowerStep | None:
+        g = self.graph
+        first = g[nodes[0]]
+        carried = tuple(i for i, o in enumerate(first.operands) if o == prevs[0])
+        for n, p in zip(nodes, prevs, strict=False):
+            node = g[n]
+            if node.follower != first.follower or node.dtype != first.dtype:
+                return None
+            if len(node.operands) != len(first.operands):
+                return None
+            if tuple(i for i, o in enumerate(node.operands) if o == p) != carried:
+                return None
+        out_rank = len(g[prevs[0]].shape)
+        sides: list[SideOperand] = []
+        for pos in range(len(first.operands)):
+            if pos in carried:
+                continue
+            side = self._side([g[n].operands[pos] for n in nodes], pos, widths, axis, out_rank)
+            if side is None:
+                return None
+            sides.append(side)
+        return FollowerStep(tuple(nodes), carried, tuple(sides))
+
+    def _side(self, operands: list[int], pos: int, widths: tuple[int, ...], axis: int, out_rank: int) -> SideOperand | None:
+        g = self.graph
+        shapes = [g[o].shape for o in operands]
+        if any(s is None for s in shapes) or len({g[o].dtype for o in operands}) != 1:
+            return None
+        rank = len(shapes[0])
+        if rank > out_rank or any(len(s) != rank for s in shapes):
+            return None
+        local = axis - (out_rank - rank)
+        others = {tuple(d for i, d in enumerate(s) if i != local) for s in shapes}
+        if local < 0 or all(s[local] == 1 for s in shapes):
+            if len({self.values[o] for o in operands}) == 1:
+                return SideOperand(pos, "shared")
+            if len(others) != 1:
+                return None
+            if local < 0:  # lift to the lowest rank that has the split axis
+                shapes = [(1,) * (-local) + tuple(s) for s in shapes]
+                local = 0
+            targets = tuple(tuple(w if i == local else d for i, d in enumerate(s)) for s, w in zip(shapes, widths, strict=False))
+            return SideOperand(pos, "expand", local, targets)
+        if len(others) == 1 and all(s[local] == w for s, w in zip(shapes, widths, strict=False)):
+            return SideOperand(pos, "concat", local)
+        return None
+
+    def _independent(self, plan: CombinePlan) -> bool:
+        members = bitset(plan.members)
+        g = self.graph
+        inputs = [g[plan.roots[0]].operands[g[plan.roots[0]].root.data]]
+        inputs += [g[r].operands[g[r].root.weight] for r in plan.roots]
+        for step in plan.steps:
+            for side in step.sides:
+                inputs += [g[n].operands[side.position] for n in step.nodes]
+        for e in inputs:
+            if (1 << e) & members or self.reach.depends_on_any(e, members):
+                return False
+        return True

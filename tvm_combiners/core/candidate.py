@@ -1,0 +1,45 @@
+"""The user-facing description of a group about to be combined (for ``check`` and reports)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .branch_grouping import CombinePlan
+from .graph import Graph
+
+
+@dataclass(frozen=True)
+class CombineCandidate:
+    """A group of branches, described with the IR's own expressions.
+
+    ``roots`` are the matmul/conv calls, ``weights`` their weight operands, ``followers`` the
+    elementwise ops combined after each root (per branch), ``widths`` each branch's output share.
+    """
+
+    family: str
+    data: Any
+    roots: tuple[Any, ...]
+    weights: tuple[Any, ...]
+    followers: tuple[tuple[Any, ...], ...]
+    widths: tuple[int, ...]
+    follower_ops: tuple[str, ...]
+
+    def describe(self) -> str:
+        """One line for reports: family, branch widths and the combined followers."""
+        chain = " -> ".join((self.family,) + self.follower_ops)
+        return f"{len(self.roots)} x {chain}, widths {list(self.widths)}"
+
+
+def candidate_of(plan: CombinePlan, graph: Graph, expr_of: Callable[[int], Any]) -> CombineCandidate:
+    first = graph[plan.roots[0]]
+    return CombineCandidate(
+        family=plan.family,
+        data=expr_of(first.operands[first.root.data]),
+        roots=tuple(expr_of(r) for r in plan.roots),
+        weights=tuple(expr_of(graph[r].operands[graph[r].root.weight]) for r in plan.roots),
+        followers=tuple(tuple(expr_of(step.nodes[b]) for step in plan.steps) for b in range(len(plan.roots))),
+        widths=plan.widths,
+        follower_ops=tuple(graph[step.nodes[0]].op for step in plan.steps),
+    )

@@ -1,0 +1,69 @@
+"""Turn a :class:`CombinePlan` into IR through a small builder interface each adapter implements.
+
+The order of operations (pad and concatenate weights, build the combined root, rebuild each
+follower with shared, concatenated or expanded side operands, split the result) lives here once;
+adapters only know how to build one IR op of each kind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from .branch_grouping import CombinePlan
+from .graph import Dim, Graph
+from .kernel_alignment import KernelAlignment
+
+
+class PlanBuilder(Protocol):
+    """IR-specific construction of the pieces of a combined op. Handles are IR expressions."""
+
+    def value(self, node: int) -> Any:
+        """The (possibly already rewritten) expression of an existing node."""
+
+    def concat(self, parts: Sequence[Any], axis: int) -> Any: ...
+
+    def pad(self, value: Any, pads: Sequence[tuple[int, int]]) -> Any:
+        """Zero-pad ``value``: one ``(before, after)`` pair per dimension."""
+
+    def broadcast(self, value: Any, shape: Sequence[Dim]) -> Any: ...
+
+    def combined_root(self, template: int, data: Any, weight: Any, alignment: KernelAlignment | None) -> Any:
+        """A copy of root ``template`` reading ``data`` and the concatenated ``weight``."""
+
+    def combined_follower(self, template: int, operands: Sequence[Any]) -> Any:
+        """A copy of follower ``template`` with new operands."""
+
+    def split(self, value: Any, widths: Sequence[int], axis: int) -> list[Any]:
+        """One piece per branch, in order."""
+
+
+def emit_plan(plan: CombinePlan, graph: Graph, builder: PlanBuilder) -> list[Any]:
+    """Build the combined op of ``plan``; return what replaces each branch's last node."""
+    first = graph[plan.roots[0]]
+    data = builder.value(first.operands[first.root.data])
+    weights = []
+    for b, r in enumerate(plan.roots):
+        node = graph[r]
+        weight = builder.value(node.operands[node.root.weight])
+        if plan.alignment is not None and any(p != (0, 0) for p in plan.alignment.weight_pads[b]):
+            pads = [(0, 0)] * len(graph[node.operands[node.root.weight]].shape)
+            for axis, pad in zip(node.root.kernel_axes, plan.alignment.weight_pads[b], strict=False):
+                pads[axis] = pad
+            weight = builder.pad(weight, pads)
+        weights.append(weight)
+    combined = builder.combined_root(plan.roots[0], data, builder.concat(weights, plan.weight_axis), plan.alignment)
+    for step in plan.steps:
+        template = graph[step.nodes[0]]
+        operands: list[Any] = [combined if i in step.carried else None for i in range(len(template.operands))]
+        for side in step.sides:
+            values = [builder.value(graph[n].operands[side.position]) for n in step.nodes]
+            if side.mode == "shared":
+                operands[side.position] = values[0]
+            elif side.mode == "concat":
+                operands[side.position] = builder.concat(values, side.axis)
+            else:
+                expanded = [builder.broadcast(v, s) for v, s in zip(values, side.shapes, strict=False)]
+                operands[side.position] = builder.concat(expanded, side.axis)
+        combined = builder.combined_follower(step.nodes[0], operands)
+    return builder.split(combined, plan.widths, plan.out_axis)

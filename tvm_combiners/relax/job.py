@@ -1,0 +1,35 @@
+"""The Relax side of the main job."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..main_job import COUNTED_OPS
+from ..models import import_relax
+from . import runner
+from .passes import CombineParallelOps
+
+
+class RelaxBackend:
+    name = "relax"
+
+    def import_model(self, model: Any) -> Any:
+        return import_relax(model)[0]
+
+    def combine(self, mod: Any, on_combine: Any) -> Any:
+        return CombineParallelOps(on_combine=on_combine)(mod)
+
+    def count_ops(self, mod: Any) -> dict[str, int]:
+        counts = runner.count_ops(mod)
+        return {k: counts.get(k, 0) + counts.get("nn." + k, 0) for k in COUNTED_OPS}
+
+    def compile(self, mod: Any, target: str) -> Any:
+        return runner.compile_module(mod, target)
+
+    def run(self, built: Any, inputs: list[np.ndarray], target: str) -> list[np.ndarray]:
+        return runner.run_vm(built, inputs, target)
+
+    def has_gpu(self) -> bool:
+        return runner.has_gpu()

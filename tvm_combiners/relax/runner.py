@@ -1,0 +1,89 @@
+"""Compile and run Relax modules, count ops: shared by the CLI, tests and benchmarks."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax
+
+
+def make_target(kind: str) -> tvm.target.Target:
+    """``llvm`` for this CPU, or ``cuda`` (sm_90 unless a GPU says otherwise) with an llvm host."""
+    if kind == "llvm":
+        return tvm.target.Target({"kind": "llvm"})
+    if kind == "cuda":
+        arch = "sm_90"
+        dev = tvm.cuda(0)
+        if dev.exist:
+            arch = "sm_" + str(dev.compute_version).replace(".", "")
+        return tvm.target.Target({"kind": "cuda", "arch": arch}, host={"kind": "llvm"})
+    raise ValueError(f"unknown target {kind!r}: expected 'llvm' or 'cuda'")
+
+
+def device_for(kind: str) -> tvm.runtime.Device:
+    return tvm.cpu() if kind == "llvm" else tvm.cuda(0)
+
+
+def has_gpu() -> bool:
+    try:
+        return bool(tvm.cuda(0).exist)
+    except Exception:  # noqa: BLE001 - no CUDA driver at all
+        return False
+
+
+def compile_module(mod: tvm.IRModule, target: str = "llvm", relax_pipeline: Any = None) -> Any:
+    """``tvm.compile`` with the default pipeline for ``target`` (plus dlight rules for cuda)."""
+    tgt = make_target(target)
+    if relax_pipeline is None:
+        relax_pipeline = relax.get_default_pipeline(tgt)
+    return tvm.compile(mod, target=tgt, relax_pipeline=relax_pipeline)
+
+
+def _to_numpy(value: Any) -> list[np.ndarray]:
+    if hasattr(value, "numpy"):
+        return [value.numpy()]
+    out: list[np.ndarray] = []
+    for item in value:
+        out.extend(_to_numpy(item))
+    return out
+
+
+def run_vm(executable: Any, inputs: Sequence[np.ndarray], target: str = "llvm", params: Sequence[Any] = (),
+           func: str = "main") -> list[np.ndarray]:
+    """Run ``func`` once; outputs flattened to numpy arrays."""
+    dev = device_for(target)
+    vm = relax.VirtualMachine(executable, dev)
+    args = [tvm.runtime.tensor(np.asarray(a), dev) for a in inputs]
+    args += [tvm.runtime.tensor(p.numpy() if hasattr(p, "numpy") else np.asarray(p), dev) for p in params]
+    return _to_numpy(vm[func](*args))
+
+
+def time_vm(executable: Any, inputs: Sequence[np.ndarray], target: str = "llvm", params: Sequence[Any] = (),
+            number: int = 5, func: str = "main") -> float:
+    """Median seconds per call, measured with the VM's time evaluator."""
+    dev = device_for(target)
+    vm = relax.VirtualMachine(executable, dev)
+    args = [tvm.runtime.tensor(np.asarray(a), dev) for a in inputs]
+    args += [tvm.runtime.tensor(p.numpy() if hasattr(p, "numpy") else np.asarray(p), dev) for p in params]
+    timer = vm.time_evaluator(func, dev, number=1, repeat=number)
+    return float(np.median(timer(*args).results))
+
+
+def count_ops(mod: tvm.IRModule, names: Sequence[str] | None = None) -> collections.Counter:
+    """How many calls of each op the Relax functions of ``mod`` make (``relax.`` prefix removed)."""
+    counts: collections.Counter = collections.Counter()
+
+    def visit(expr: Any) -> None:
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+            name = expr.op.name.removeprefix("relax.")
+            if names is None or name in names:
+                counts[name] += 1
+
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return counts
