@@ -244,19 +244,29 @@ class _Planner:
         for pos in range(len(first.operands)):
             if pos in carried:
                 continue
-            side = self._side([g[n].operands[pos] for n in nodes], pos, widths, axis, out_rank)
+            placed = dict(first.follower.operand_axes).get(pos)
+            side = self._side([g[n].operands[pos] for n in nodes], pos, widths, axis, out_rank, placed)
             if side is None:
                 return None
             sides.append(side)
         return FollowerStep(tuple(nodes), carried, tuple(sides))
 
-    def _side(self, operands: list[int], pos: int, widths: tuple[int, ...], axis: int, out_rank: int) -> SideOperand | None:
+    def _side(self, operands: list[int], pos: int, widths: tuple[int, ...], axis: int, out_rank: int,
+              placed: tuple[int, ...] | None) -> SideOperand | None:
         g = self.graph
         shapes = [g[o].shape for o in operands]
         if any(s is None for s in shapes) or len({g[o].dtype for o in operands}) != 1:
             return None
         rank = len(shapes[0])
         if rank > out_rank or any(len(s) != rank for s in shapes):
+            return None
+        if placed is not None:  # explicitly placed dims: shared when off the split axis, else per branch
+            if axis not in placed:
+                return SideOperand(pos, "shared") if len({self.values[o] for o in operands}) == 1 else None
+            local = placed.index(axis)
+            others = {tuple(d for i, d in enumerate(s) if i != local) for s in shapes}
+            if len(others) == 1 and all(s[local] == w for s, w in zip(shapes, widths)):
+                return SideOperand(pos, "concat", local)
             return None
         local = axis - (out_rank - rank)
         others = {tuple(d for i, d in enumerate(s) if i != local) for s in shapes}

@@ -55,6 +55,8 @@ def emit_plan(plan: CombinePlan, graph: Graph, builder: PlanBuilder) -> list[Any
     combined = builder.combined_root(plan.roots[0], data, builder.concat(weights, plan.weight_axis), plan.alignment)
     for step in plan.steps:
         template = graph[step.nodes[0]]
+        if template.follower.identity:
+            continue
         operands: list[Any] = [combined if i in step.carried else None for i in range(len(template.operands))]
         for side in step.sides:
             values = [builder.value(graph[n].operands[side.position]) for n in step.nodes]

@@ -38,9 +38,17 @@ class RootInfo:
 
 @dataclass(frozen=True)
 class FollowerInfo:
-    """An elementwise or broadcasting op that may follow a root; ``key`` = op and attributes."""
+    """An elementwise or broadcasting op that may follow a root; ``key`` = op and attributes.
+
+    Operands broadcast numpy-style (right-aligned) unless ``operand_axes`` names, for an operand
+    position, which output axis each of its dimensions lies on (Relay's ``bias_add`` puts a 1-D
+    bias on a chosen axis). ``identity`` marks ops that return their input unchanged (a reshape
+    to the same shape): the combined op simply skips them.
+    """
 
     key: Hashable
+    operand_axes: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    identity: bool = False
 
 
 @dataclass

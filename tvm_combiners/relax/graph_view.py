@@ -12,6 +12,7 @@ from tvm import relax
 
 from ..core.graph import Dim, FollowerInfo, Graph, RootInfo
 from ..core.op_tables import FOLLOWERS
+from ..core.root_specs import conv2d_root, matmul_root
 from ..core.struct_key import StructKey, SymDim
 
 
@@ -123,40 +124,20 @@ def _classify(node: Any, call: relax.Call, graph: Graph) -> None:
 
 def _matmul_root(call: relax.Call, graph: Graph, node: Any) -> RootInfo | None:
     data, weight = (graph[i] for i in node.operands)
-    if data.shape is None or weight.shape is None or node.shape is None:
-        return None
-    if len(data.shape) < 1 or len(weight.shape) < 2 or data.shape[-1] != weight.shape[-2]:
+    if weight.shape is None or data.shape is None:
         return None
     family = "matmul" if len(weight.shape) == 2 else "batch_matmul"
     if family == "batch_matmul" and len(data.shape) != len(weight.shape):
-        return None
-    key = (family, data.dtype, weight.dtype, str(call.attrs.out_dtype), weight.shape[:-1], len(data.shape))
-    return RootInfo(family, 0, 1, key, len(node.shape) - 1, len(weight.shape) - 1, weight.shape[-1])
+        return None  # batch dims broadcast: the combined matmul would too, but keep it simple
+    return matmul_root(family, data.shape, weight.shape, node.shape, False,
+                       (data.dtype, weight.dtype, str(call.attrs.out_dtype)))
 
 
 def _conv2d_root(call: relax.Call, graph: Graph, node: Any) -> RootInfo | None:
-    attrs = call.attrs
+    a = call.attrs
     data, weight = (graph[i] for i in node.operands)
-    layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
-    if int(attrs.groups) != 1 or weight.shape is None or node.shape is None:
-        return None
-    if sorted(layouts[0]) != sorted("NCHW") or sorted(layouts[2]) != sorted("NCHW") or sorted(layouts[1]) != sorted("OIHW"):
-        return None  # packed layouts (NCHW4c, ...) are left alone
-    kernel_layout = layouts[1]
-    h, w = kernel_layout.index("H"), kernel_layout.index("W")
-    kh, kw = weight.shape[h], weight.shape[w]
-    if not isinstance(kh, int) or not isinstance(kw, int):
-        return None
-    top, left, bottom, right = (int(p) for p in attrs.padding)
-    sh, sw = (int(s) for s in attrs.strides)
-    dh, dw = (int(d) for d in attrs.dilation)
-    key = ("conv2d", layouts, (sh, sw), (dh, dw), str(attrs.out_dtype), data.dtype, weight.dtype,
-           weight.shape[kernel_layout.index("I")])
-    return RootInfo(
-        "conv2d", 0, 1, key,
-        out_axis=layouts[2].index("C"),
-        weight_axis=kernel_layout.index("O"),
-        width=weight.shape[kernel_layout.index("O")],
-        kernel=((kh, top, bottom, dh, sh), (kw, left, right, dw, sw)),
-        kernel_axes=(h, w),
+    return conv2d_root(
+        str(a.data_layout), str(a.kernel_layout), str(a.out_layout), weight.shape, node.shape,
+        [int(p) for p in a.padding], [int(s) for s in a.strides], [int(d) for d in a.dilation], int(a.groups),
+        (str(a.out_dtype), data.dtype, weight.dtype),
     )

@@ -2,34 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-
 import tvm
 from tvm import relax
 
-from ..core.branch_grouping import CombineOptions, plan_combinations
-from ..core.candidate import CombineCandidate, candidate_of
+from ..core.driver import Check, CombineSettings, Report
 from .graph_view import build_block_view
 from .rewrite import rewrite_block
 
-Check = Callable[[CombineCandidate], bool]
-Report = Callable[[CombineCandidate], None]
 
-
-def _combine_pass(
-    name: str,
-    families: Iterable[str],
-    min_num_branches: int,
-    max_branches: int | None,
-    max_combined_bytes: int | None,
-    check: Check | None,
-    on_combine: Report | None,
-) -> tvm.transform.Pass:
-    options = CombineOptions(min_num_branches, max_branches, max_combined_bytes)
-    for label, fn in (("check", check), ("on_combine", on_combine)):
-        if fn is not None and not callable(fn):
-            raise TypeError(f"{name}: {label} must be callable or None, got {type(fn).__name__}")
-    families = tuple(families)
+def _combine_pass(name: str, min_num_branches: int, max_branches: int | None, max_combined_bytes: int | None,
+                  check: Check | None, on_combine: Report | None) -> tvm.transform.Pass:
+    settings = CombineSettings(name, min_num_branches, max_branches, max_combined_bytes, check, on_combine)
 
     def rewrite_function(func: relax.Function) -> relax.Function:
         body = func.body
@@ -39,15 +22,8 @@ def _combine_pass(
         for block in body.blocks:
             if isinstance(block, relax.DataflowBlock):
                 view = build_block_view(block)
-
-                def veto(plan, view=view) -> bool:
-                    return check is not None and not check(candidate_of(plan, view.graph, view.expr_of))
-
-                plans = plan_combinations(view.graph, families, options, veto)
+                plans = settings.plan(view.graph, view.expr_of)
                 if plans:
-                    if on_combine is not None:
-                        for plan in plans:
-                            on_combine(candidate_of(plan, view.graph, view.expr_of))
                     block = rewrite_block(view, plans)
                     changed = True
             blocks.append(block)
@@ -65,7 +41,7 @@ def _combine_pass(
                     updates[gv] = new
         if not updates:
             return mod
-        mod = mod.clone() if hasattr(mod, "clone") else tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
+        mod = mod.clone()
         for gv, func in updates.items():
             mod[gv] = func
         return mod
@@ -93,7 +69,7 @@ def CombineParallelMatmul(min_num_branches: int = 2, max_branches: int | None = 
                           max_combined_bytes: int | None = None, check: Check | None = None,
                           on_combine: Report | None = None) -> tvm.transform.Pass:
     """Merge sibling ``R.matmul`` ops with 2-D weights that read the same input."""
-    return _combine_pass("CombineParallelMatmul", ["matmul"], min_num_branches, max_branches,
+    return _combine_pass("CombineParallelMatmul", min_num_branches, max_branches,
                          max_combined_bytes, check, on_combine)
 
 
@@ -101,7 +77,7 @@ def CombineParallelBatchMatmul(min_num_branches: int = 2, max_branches: int | No
                                max_combined_bytes: int | None = None, check: Check | None = None,
                                on_combine: Report | None = None) -> tvm.transform.Pass:
     """Merge sibling ``R.matmul`` ops with batched (rank >= 3) weights of equal batch."""
-    return _combine_pass("CombineParallelBatchMatmul", ["batch_matmul"], min_num_branches, max_branches,
+    return _combine_pass("CombineParallelBatchMatmul", min_num_branches, max_branches,
                          max_combined_bytes, check, on_combine)
 
 
@@ -109,7 +85,7 @@ def CombineParallelConv2D(min_num_branches: int = 2, max_branches: int | None = 
                           max_combined_bytes: int | None = None, check: Check | None = None,
                           on_combine: Report | None = None) -> tvm.transform.Pass:
     """Merge sibling ``R.nn.conv2d`` ops (groups == 1), zero-padding smaller kernels."""
-    return _combine_pass("CombineParallelConv2D", ["conv2d"], min_num_branches, max_branches,
+    return _combine_pass("CombineParallelConv2D", min_num_branches, max_branches,
                          max_combined_bytes, check, on_combine)
 
 
@@ -117,7 +93,7 @@ def CombineParallelOps(min_num_branches: int = 2, max_branches: int | None = Non
                        max_combined_bytes: int | None = None, check: Check | None = None,
                        on_combine: Report | None = None) -> tvm.transform.Pass:
     """All three combiners in one pass."""
-    return _combine_pass("CombineParallelOps", ["matmul", "batch_matmul", "conv2d"], min_num_branches,
+    return _combine_pass("CombineParallelOps", min_num_branches,
                          max_branches, max_combined_bytes, check, on_combine)
 
 

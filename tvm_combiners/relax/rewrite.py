@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,6 +12,7 @@ from ..core.branch_grouping import CombinePlan
 from ..core.emit import emit_plan
 from ..core.graph import Dim
 from ..core.kernel_alignment import KernelAlignment
+from ..core.schedule import schedule
 from ..core.struct_key import SymDim
 from .graph_view import BlockView, Constant, constant_array
 
@@ -41,6 +41,9 @@ class RelaxPlanBuilder:
         self._count += 1
         self.bindings.append(relax.VarBinding(var, expr))
         return var
+
+    def normalize(self, expr: relax.Expr) -> relax.Expr:
+        return self._bb.normalize(expr)
 
     def value(self, node: int) -> Any:
         return self.view.graph[node].handle
@@ -93,53 +96,13 @@ class RelaxPlanBuilder:
 
 
 def rewrite_block(view: BlockView, plans: list[CombinePlan], name: str = "combined") -> relax.DataflowBlock:
-    """The block with every plan applied, bindings re-ordered topologically.
-
-    A combined op must come after the inputs of all its branches and before the users of any,
-    so bindings are re-emitted in a topological order that stays as close to the original as
-    possible (a heap keyed by original position). Dataflow blocks are pure: reordering is safe.
-    """
-    graph = view.graph
-    unit_of: dict[int, int] = {}  # plan member -> unit id (-1 - plan index)
-    for p, plan in enumerate(plans):
-        for m in plan.members:
-            unit_of[m] = -1 - p
-
-    def unit(node: int) -> int:
-        return unit_of.get(node, node)
-
-    units: dict[int, set[int]] = {}
-    for node in graph.nodes:
-        if view.bindings[node.index] is None:
-            continue
-        u = unit(node.index)
-        deps = units.setdefault(u, set())
-        deps.update(unit(d) for d in node.deps if view.bindings[d] is not None and unit(d) != u)
-    users: dict[int, list[int]] = {u: [] for u in units}
-    indegree = {u: len(d) for u, d in units.items()}
-    for u, deps in units.items():
-        for d in deps:
-            users[d].append(u)
-    order_key = {u: (min(m for m in plans[-1 - u].ends) if u < 0 else u) for u in units}
-    ready = [(order_key[u], u) for u, n in indegree.items() if n == 0]
-    heapq.heapify(ready)
+    """The block with every plan applied; dataflow blocks are pure, so re-ordering is safe."""
     out: list[relax.Binding] = []
     builder = RelaxPlanBuilder(view, out, name)
-    emitted = 0
-    while ready:
-        _, u = heapq.heappop(ready)
-        emitted += 1
-        if u >= 0:
-            out.append(view.bindings[u])
-        else:
-            plan = plans[-1 - u]
-            parts = emit_plan(plan, graph, builder)
-            for end, part in zip(plan.ends, parts, strict=False):
-                out.append(relax.VarBinding(graph[end].handle, builder._bb.normalize(part)))
-        for v in users[u]:
-            indegree[v] -= 1
-            if indegree[v] == 0:
-                heapq.heappush(ready, (order_key[v], v))
-    if emitted != len(units):
-        raise RuntimeError("tvm_combiners internal error: combining created a cycle; please report")
+    for unit in schedule(view.graph, plans, lambda i: view.bindings[i] is None):
+        if isinstance(unit, int):
+            out.append(view.bindings[unit])
+            continue
+        for end, part in zip(unit.ends, emit_plan(unit, view.graph, builder)):
+            out.append(relax.VarBinding(view.graph[end].handle, builder.normalize(part)))
     return relax.DataflowBlock(out)

@@ -1,0 +1,52 @@
+"""What every combiner pass does per region, whatever the IR: plan, ask ``check``, report."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .branch_grouping import CombineOptions, CombinePlan, plan_combinations
+from .candidate import CombineCandidate, candidate_of
+from .graph import Graph
+
+Check = Callable[[CombineCandidate], bool]
+Report = Callable[[CombineCandidate], None]
+
+#: Family names each public pass combines (the Relay passes call 2-D matmuls "dense").
+FAMILIES = {
+    "CombineParallelMatmul": ("matmul",),
+    "CombineParallelDense": ("dense",),
+    "CombineParallelBatchMatmul": ("batch_matmul",),
+    "CombineParallelConv2D": ("conv2d",),
+    "CombineParallelOps": ("matmul", "dense", "batch_matmul", "conv2d"),
+}
+
+
+class CombineSettings:
+    """Validated options of one pass instance."""
+
+    def __init__(self, pass_name: str, min_num_branches: int, max_branches: int | None,
+                 max_combined_bytes: int | None, check: Check | None, on_combine: Report | None) -> None:
+        for label, fn in (("check", check), ("on_combine", on_combine)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{pass_name}: {label} must be callable or None, got {type(fn).__name__}")
+        try:
+            self.options = CombineOptions(min_num_branches, max_branches, max_combined_bytes)
+        except ValueError as err:
+            raise ValueError(f"{pass_name}: {err}") from None
+        self.pass_name = pass_name
+        self.families: Sequence[str] = FAMILIES[pass_name]
+        self.check = check
+        self.on_combine = on_combine
+
+    def plan(self, graph: Graph, expr_of: Callable[[int], Any]) -> list[CombinePlan]:
+        """Plans for one region; ``expr_of`` maps a node back to its IR expression."""
+
+        def veto(plan: CombinePlan) -> bool:
+            return self.check is not None and not self.check(candidate_of(plan, graph, expr_of))
+
+        plans = plan_combinations(graph, self.families, self.options, veto)
+        if self.on_combine is not None:
+            for plan in plans:
+                self.on_combine(candidate_of(plan, graph, expr_of))
+        return plans

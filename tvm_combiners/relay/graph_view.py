@@ -1,0 +1,137 @@
+"""Translate a Relay function body into the core's neutral :class:`Graph`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import tvm
+from tvm import relay
+
+from ..core.graph import Dim, FollowerInfo, Graph, RootInfo
+from ..core.op_tables import FOLLOWERS
+from ..core.root_specs import conv2d_root, matmul_root
+from ..core.struct_key import StructKey, SymDim
+
+
+class UnsupportedRegion(Exception):
+    """The body holds control flow or closures: the passes leave such functions unchanged."""
+
+
+def struct_key(obj: Any) -> StructKey:
+    return StructKey(obj, tvm.ir.structural_hash, tvm.ir.structural_equal)
+
+
+def dims_of(ty: Any) -> tuple[Dim, ...] | None:
+    if not isinstance(ty, relay.TensorType):
+        return None
+    dims: list[Dim] = []
+    for d in ty.shape:
+        if isinstance(d, tvm.tir.IntImm):
+            dims.append(int(d.value))
+        elif isinstance(d, tvm.tir.Any):
+            return None
+        else:
+            dims.append(SymDim(d))
+    return tuple(dims)
+
+
+def _is_tensor(expr: Any) -> bool:
+    return isinstance(expr.checked_type, relay.TensorType)
+
+
+@dataclass
+class BodyView:
+    graph: Graph
+    exprs: list[Any] = field(default_factory=list)  # node -> original expression
+    leaves: set[int] = field(default_factory=set)
+    arg_positions: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    index: dict[Any, int] = field(default_factory=dict)  # expression -> node
+
+    def expr_of(self, node: int) -> Any:
+        return self.exprs[node]
+
+
+def build_body_view(body: relay.Expr) -> BodyView:
+    """Nodes in post order (a topological order); ``body`` itself escapes."""
+    graph = Graph()
+    view = BodyView(graph)
+    index = view.index
+    order: list[Any] = []
+
+    def collect(expr: Any) -> None:
+        if isinstance(expr, (relay.Let, relay.If, relay.Function, relay.RefCreate, relay.RefRead, relay.RefWrite, relay.Match)):
+            raise UnsupportedRegion(type(expr).__name__)
+        if not isinstance(expr, tvm.ir.Op):
+            order.append(expr)
+
+    relay.analysis.post_order_visit(body, collect)
+    for expr in order:
+        if isinstance(expr, relay.Call):
+            children = list(expr.args)
+        elif isinstance(expr, relay.Tuple):
+            children = list(expr.fields)
+        elif isinstance(expr, relay.TupleGetItem):
+            children = [expr.tuple_value]
+        else:
+            children = []
+        deps = tuple(dict.fromkeys(index[c] for c in children))
+        ty = expr.checked_type
+        kwargs: dict[str, Any] = {"shape": dims_of(ty), "dtype": str(ty.dtype) if isinstance(ty, relay.TensorType) else None}
+        if isinstance(expr, relay.Call) and isinstance(expr.op, tvm.ir.Op):
+            positions = tuple(i for i, a in enumerate(expr.args) if _is_tensor(a))
+            node = graph.add(
+                op=expr.op.name, operands=tuple(index[expr.args[i]] for i in positions), deps=deps,
+                value_key=(expr.op.name, struct_key(expr.attrs)), **kwargs,
+            )
+            view.arg_positions[node.index] = positions
+            _classify(node, expr, graph)
+        elif isinstance(expr, (relay.Call, relay.Tuple, relay.TupleGetItem)):
+            key = ("tuple",) if isinstance(expr, relay.Tuple) else ("get", expr.index) if isinstance(expr, relay.TupleGetItem) else None
+            node = graph.add(op=type(expr).__name__, operands=(), deps=deps, value_key=key, **kwargs)
+        else:  # Var, Constant, GlobalVar: leaves, equal only to themselves
+            node = graph.add(op=type(expr).__name__, operands=(), deps=(), **kwargs)
+            view.leaves.add(node.index)
+        node.handle = expr
+        index[expr] = node.index
+        view.exprs.append(expr)
+    graph[index[body]].escapes = True
+    return view
+
+
+def _classify(node: Any, call: relay.Call, graph: Graph) -> None:
+    name = node.op
+    attrs = call.attrs
+    if name == "split":
+        sections = attrs.indices_or_sections
+        node.split_sections = int(sections) if isinstance(sections, (int, tvm.tir.IntImm)) else len(sections) + 1
+    elif name == "reshape" and node.shape is not None and node.shape == graph[node.operands[0]].shape:
+        node.follower = FollowerInfo(("identity",), identity=True)
+    elif name == "nn.bias_add":
+        rank = len(node.shape) if node.shape else 0
+        node.follower = FollowerInfo((name,), operand_axes=((1, (int(attrs.axis) % max(rank, 1),)),))
+    elif name in FOLLOWERS:
+        node.follower = FollowerInfo((name, struct_key(attrs)))
+    elif len(node.operands) == 2 and name in ("nn.dense", "nn.matmul", "nn.batch_matmul"):
+        node.root = _matmul_root(name, attrs, graph, node)
+    elif len(node.operands) == 2 and name == "nn.conv2d":
+        node.root = _conv2d_root(attrs, graph, node)
+
+
+def _matmul_root(name: str, attrs: Any, graph: Graph, node: Any) -> RootInfo | None:
+    if bool(getattr(attrs, "transpose_a", False)):
+        return None
+    data, weight = (graph[i] for i in node.operands)
+    family = "batch_matmul" if name == "nn.batch_matmul" else "dense"
+    transposed = True if name == "nn.dense" else bool(attrs.transpose_b)
+    return matmul_root(family, data.shape, weight.shape, node.shape, transposed,
+                       (name, data.dtype, weight.dtype, str(attrs.out_dtype)))
+
+
+def _conv2d_root(attrs: Any, graph: Graph, node: Any) -> RootInfo | None:
+    data, weight = (graph[i] for i in node.operands)
+    return conv2d_root(
+        str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout) or str(attrs.data_layout),
+        weight.shape, node.shape, [int(p) for p in attrs.padding], [int(s) for s in attrs.strides],
+        [int(d) for d in attrs.dilation], int(attrs.groups), (str(attrs.out_dtype), data.dtype, weight.dtype),
+    )

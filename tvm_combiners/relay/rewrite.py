@@ -1,0 +1,105 @@
+"""Rebuild a Relay function body according to the core's combine plans."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from tvm import relay
+
+from ..core.branch_grouping import CombinePlan
+from ..core.emit import emit_plan
+from ..core.graph import Dim
+from ..core.kernel_alignment import KernelAlignment
+from ..core.schedule import schedule
+from ..core.struct_key import SymDim
+from .graph_view import BodyView
+
+
+class RelayPlanBuilder:
+    """Builds combined ops as Relay expressions; constant operands are folded with numpy."""
+
+    def __init__(self, view: BodyView, new: dict[int, Any]) -> None:
+        self.view = view
+        self.new = new
+
+    def value(self, node: int) -> Any:
+        return self.new[node]
+
+    def concat(self, parts: Sequence[Any], axis: int) -> Any:
+        if len(parts) == 1:
+            return parts[0]
+        if all(isinstance(p, relay.Constant) for p in parts):
+            return relay.const(np.concatenate([p.data.numpy() for p in parts], axis=axis))
+        return relay.concatenate(list(parts), axis=axis)
+
+    def pad(self, value: Any, pads: Sequence[tuple[int, int]]) -> Any:
+        if isinstance(value, relay.Constant):
+            return relay.const(np.pad(value.data.numpy(), pads))
+        return relay.nn.pad(value, [list(p) for p in pads], pad_value=0.0)
+
+    def broadcast(self, value: Any, shape: Sequence[Dim]) -> Any:
+        if isinstance(value, relay.Constant) and all(isinstance(d, int) for d in shape):
+            array = value.data.numpy()
+            array = array.reshape((1,) * (len(shape) - array.ndim) + array.shape)
+            return relay.const(np.ascontiguousarray(np.broadcast_to(array, tuple(shape))))
+        return relay.broadcast_to(value, [d.expr if isinstance(d, SymDim) else int(d) for d in shape])
+
+    def combined_root(self, template: int, data: Any, weight: Any, alignment: KernelAlignment | None) -> Any:
+        call = self.view.expr_of(template)
+        a = call.attrs
+        name = call.op.name
+        if name == "nn.dense":
+            return relay.nn.dense(data, weight, units=None, out_dtype=a.out_dtype)
+        if name == "nn.matmul":
+            return relay.nn.matmul(data, weight, units=None, out_dtype=a.out_dtype, transpose_a=a.transpose_a,
+                                   transpose_b=a.transpose_b)
+        if name == "nn.conv2d":
+            (top, bottom), (left, right) = alignment.padding
+            # channels and kernel_size are left for type inference to read off the combined weight
+            return relay.nn.conv2d(
+                data, weight, strides=a.strides, padding=(top, left, bottom, right), dilation=a.dilation,
+                groups=a.groups, channels=None, kernel_size=None, data_layout=a.data_layout,
+                kernel_layout=a.kernel_layout, out_layout=a.out_layout, out_dtype=a.out_dtype,
+            )
+        return relay.Call(call.op, [data, weight], call.attrs, call.type_args, call.span)
+
+    def combined_follower(self, template: int, operands: Sequence[Any]) -> Any:
+        call = self.view.expr_of(template)
+        args = list(call.args)
+        for pos, operand in zip(self.view.arg_positions[template], operands):
+            args[pos] = operand
+        return relay.Call(call.op, args, call.attrs, call.type_args, call.span)
+
+    def split(self, value: Any, widths: Sequence[int], axis: int) -> list[Any]:
+        offsets = [int(x) for x in np.cumsum(widths[:-1])]
+        parts = relay.split(value, offsets, axis=axis).astuple()
+        return [relay.TupleGetItem(parts, i) for i in range(len(widths))]
+
+
+def rewrite_body(view: BodyView, plans: list[CombinePlan], body: relay.Expr) -> relay.Expr:
+    """The body with every plan applied (expressions rebuilt in a topological order)."""
+    new: dict[int, Any] = {i: view.exprs[i] for i in view.leaves}
+    builder = RelayPlanBuilder(view, new)
+    graph = view.graph
+    for unit in schedule(graph, plans, lambda i: i in view.leaves):
+        if isinstance(unit, CombinePlan):
+            for end, part in zip(unit.ends, emit_plan(unit, graph, builder)):
+                new[end] = part
+            continue
+        expr = view.exprs[unit]
+        if isinstance(expr, relay.Call):
+            args = [_mapped(a, view, new) for a in expr.args]
+            new[unit] = relay.Call(expr.op, args, expr.attrs, expr.type_args, expr.span)
+        elif isinstance(expr, relay.Tuple):
+            new[unit] = relay.Tuple([_mapped(f, view, new) for f in expr.fields], expr.span)
+        elif isinstance(expr, relay.TupleGetItem):
+            new[unit] = relay.TupleGetItem(_mapped(expr.tuple_value, view, new), expr.index)
+        else:
+            raise TypeError(f"tvm_combiners: unexpected Relay node {type(expr).__name__}")
+    return new[view.index[body]]
+
+
+def _mapped(expr: Any, view: BodyView, new: dict[int, Any]) -> Any:
+    return new[view.index[expr]]
