@@ -51,10 +51,11 @@ class SideOperand:
     but different per branch, so each is broadcast to ``shapes[b]`` and then concatenated.
     """
 
-    position: int
+    position: int  # in the combined follower (the first branch's order)
     mode: str
     axis: int = 0
     shapes: tuple[tuple[Dim, ...], ...] = ()
+    sources: tuple[int, ...] = ()  # per branch: the node that supplies this operand
 
 
 @dataclass(frozen=True)
@@ -190,7 +191,7 @@ class _Planner:
             if nbytes is None:
                 return None
             if alignment is not None:
-                for (k, *_), size in zip(info.kernel, alignment.sizes, strict=False):
+                for (k, *_), size in zip(info.kernel, alignment.sizes):
                     nbytes = nbytes // k * size
             total += nbytes
         return total
@@ -217,11 +218,15 @@ class _Planner:
 
     def _steps(self, roots: list[int], widths: tuple[int, ...], axis: int) -> list[FollowerStep]:
         chains = [self._chain(r) for r in roots]
+        on_branches = {n for c in chains for n in c}
         steps: list[FollowerStep] = []
         depth = 1
         while all(len(c) > depth for c in chains):
-            step = self._step([c[depth] for c in chains], [c[depth - 1] for c in chains], widths, axis)
-            if step is None:
+            nodes = [c[depth] for c in chains]
+            if len(set(nodes)) != len(nodes):
+                break  # one op joins two branches: that is where the branches end
+            step = self._step(nodes, [c[depth - 1] for c in chains], widths, axis)
+            if step is None or any(src in on_branches for side in step.sides for src in side.sources):
                 break
             steps.append(step)
             depth += 1
@@ -231,13 +236,19 @@ class _Planner:
         g = self.graph
         first = g[nodes[0]]
         carried = tuple(i for i, o in enumerate(first.operands) if o == prevs[0])
-        for n, p in zip(nodes, prevs, strict=False):
+        orders: list[tuple[int, ...]] = []  # per branch: its operand positions in the first's order
+        for n, p in zip(nodes, prevs):
             node = g[n]
             if node.follower != first.follower or node.dtype != first.dtype:
                 return None
             if len(node.operands) != len(first.operands):
                 return None
-            if tuple(i for i, o in enumerate(node.operands) if o == p) != carried:
+            mine = tuple(i for i, o in enumerate(node.operands) if o == p)
+            if mine == carried:
+                orders.append(tuple(range(len(node.operands))))
+            elif first.follower.commutative and len(node.operands) == 2 and len(mine) == 1 == len(carried):
+                orders.append((1, 0))
+            else:
                 return None
         out_rank = len(g[prevs[0]].shape)
         sides: list[SideOperand] = []
@@ -245,7 +256,8 @@ class _Planner:
             if pos in carried:
                 continue
             placed = dict(first.follower.operand_axes).get(pos)
-            side = self._side([g[n].operands[pos] for n in nodes], pos, widths, axis, out_rank, placed)
+            sources = [g[n].operands[order[pos]] for n, order in zip(nodes, orders)]
+            side = self._side(sources, pos, widths, axis, out_rank, placed)
             if side is None:
                 return None
             sides.append(side)
@@ -262,26 +274,26 @@ class _Planner:
             return None
         if placed is not None:  # explicitly placed dims: shared when off the split axis, else per branch
             if axis not in placed:
-                return SideOperand(pos, "shared") if len({self.values[o] for o in operands}) == 1 else None
+                return SideOperand(pos, "shared", sources=tuple(operands)) if len({self.values[o] for o in operands}) == 1 else None
             local = placed.index(axis)
             others = {tuple(d for i, d in enumerate(s) if i != local) for s in shapes}
             if len(others) == 1 and all(s[local] == w for s, w in zip(shapes, widths)):
-                return SideOperand(pos, "concat", local)
+                return SideOperand(pos, "concat", local, sources=tuple(operands))
             return None
         local = axis - (out_rank - rank)
         others = {tuple(d for i, d in enumerate(s) if i != local) for s in shapes}
         if local < 0 or all(s[local] == 1 for s in shapes):
             if len({self.values[o] for o in operands}) == 1:
-                return SideOperand(pos, "shared")
+                return SideOperand(pos, "shared", sources=tuple(operands))
             if len(others) != 1:
                 return None
             if local < 0:  # lift to the lowest rank that has the split axis
                 shapes = [(1,) * (-local) + tuple(s) for s in shapes]
                 local = 0
-            targets = tuple(tuple(w if i == local else d for i, d in enumerate(s)) for s, w in zip(shapes, widths, strict=False))
-            return SideOperand(pos, "expand", local, targets)
-        if len(others) == 1 and all(s[local] == w for s, w in zip(shapes, widths, strict=False)):
-            return SideOperand(pos, "concat", local)
+            targets = tuple(tuple(w if i == local else d for i, d in enumerate(s)) for s, w in zip(shapes, widths))
+            return SideOperand(pos, "expand", local, targets, tuple(operands))
+        if len(others) == 1 and all(s[local] == w for s, w in zip(shapes, widths)):
+            return SideOperand(pos, "concat", local, sources=tuple(operands))
         return None
 
     def _independent(self, plan: CombinePlan) -> bool:
@@ -291,7 +303,7 @@ class _Planner:
         inputs += [g[r].operands[g[r].root.weight] for r in plan.roots]
         for step in plan.steps:
             for side in step.sides:
-                inputs += [g[n].operands[side.position] for n in step.nodes]
+                inputs += side.sources
         for e in inputs:
             if (1 << e) & members or self.reach.depends_on_any(e, members):
                 return False

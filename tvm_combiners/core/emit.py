@@ -48,7 +48,7 @@ def emit_plan(plan: CombinePlan, graph: Graph, builder: PlanBuilder) -> list[Any
         weight = builder.value(node.operands[node.root.weight])
         if plan.alignment is not None and any(p != (0, 0) for p in plan.alignment.weight_pads[b]):
             pads = [(0, 0)] * len(graph[node.operands[node.root.weight]].shape)
-            for axis, pad in zip(node.root.kernel_axes, plan.alignment.weight_pads[b], strict=False):
+            for axis, pad in zip(node.root.kernel_axes, plan.alignment.weight_pads[b]):
                 pads[axis] = pad
             weight = builder.pad(weight, pads)
         weights.append(weight)
@@ -59,13 +59,13 @@ def emit_plan(plan: CombinePlan, graph: Graph, builder: PlanBuilder) -> list[Any
             continue
         operands: list[Any] = [combined if i in step.carried else None for i in range(len(template.operands))]
         for side in step.sides:
-            values = [builder.value(graph[n].operands[side.position]) for n in step.nodes]
+            values = [builder.value(source) for source in side.sources]
             if side.mode == "shared":
                 operands[side.position] = values[0]
             elif side.mode == "concat":
                 operands[side.position] = builder.concat(values, side.axis)
             else:
-                expanded = [builder.broadcast(v, s) for v, s in zip(values, side.shapes, strict=False)]
+                expanded = [builder.broadcast(v, s) for v, s in zip(values, side.shapes)]
                 operands[side.position] = builder.concat(expanded, side.axis)
         combined = builder.combined_follower(step.nodes[0], operands)
     return builder.split(combined, plan.widths, plan.out_axis)

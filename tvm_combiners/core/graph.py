@@ -43,12 +43,14 @@ class FollowerInfo:
     Operands broadcast numpy-style (right-aligned) unless ``operand_axes`` names, for an operand
     position, which output axis each of its dimensions lies on (Relay's ``bias_add`` puts a 1-D
     bias on a chosen axis). ``identity`` marks ops that return their input unchanged (a reshape
-    to the same shape): the combined op simply skips them.
+    to the same shape): the combined op simply skips them. Operands of a ``commutative`` binary op
+    may appear in either order (``add(bias, y)`` beside ``add(y, bias)``).
     """
 
     key: Hashable
     operand_axes: tuple[tuple[int, tuple[int, ...]], ...] = ()
     identity: bool = False
+    commutative: bool = False
 
 
 @dataclass

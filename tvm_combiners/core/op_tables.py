@@ -21,3 +21,6 @@ BROADCAST_BINARY = frozenset(
 )
 
 FOLLOWERS = ELEMENTWISE_UNARY | BROADCAST_BINARY
+
+#: Binary followers whose operands may be swapped between branches.
+COMMUTATIVE = frozenset({"add", "multiply", "maximum", "minimum"})

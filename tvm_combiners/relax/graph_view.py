@@ -11,7 +11,7 @@ import tvm_ffi
 from tvm import relax
 
 from ..core.graph import Dim, FollowerInfo, Graph, RootInfo
-from ..core.op_tables import FOLLOWERS
+from ..core.op_tables import COMMUTATIVE, FOLLOWERS
 from ..core.root_specs import conv2d_root, matmul_root
 from ..core.struct_key import StructKey, SymDim
 
@@ -115,7 +115,7 @@ def _classify(node: Any, call: relax.Call, graph: Graph) -> None:
         node.split_sections = int(sections) if isinstance(sections, (int, tvm.tirx.IntImm)) else len(sections) + 1
     elif name in FOLLOWERS:
         others = tuple(struct_key(a) for a in call.args if not _is_tensor(a))
-        node.follower = FollowerInfo((name, struct_key(call.attrs), others))
+        node.follower = FollowerInfo((name, struct_key(call.attrs), others), commutative=name in COMMUTATIVE)
     elif name == "matmul" and len(node.operands) == 2:
         node.root = _matmul_root(call, graph, node)
     elif name == "nn.conv2d" and len(node.operands) == 2:

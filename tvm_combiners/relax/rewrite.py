@@ -85,7 +85,7 @@ class RelaxPlanBuilder:
     def combined_follower(self, template: int, operands: Sequence[Any]) -> Any:
         call = self.view.call_of(template)
         args = list(call.args)
-        for pos, operand in zip(self.view.arg_positions[template], operands, strict=False):
+        for pos, operand in zip(self.view.arg_positions[template], operands):
             args[pos] = operand
         return self._emit(relax.Call(call.op, args, call.attrs, call.ty_args))
 

@@ -9,7 +9,7 @@ import tvm
 from tvm import relay
 
 from ..core.graph import Dim, FollowerInfo, Graph, RootInfo
-from ..core.op_tables import FOLLOWERS
+from ..core.op_tables import COMMUTATIVE, FOLLOWERS
 from ..core.root_specs import conv2d_root, matmul_root
 from ..core.struct_key import StructKey, SymDim
 
@@ -111,7 +111,7 @@ def _classify(node: Any, call: relay.Call, graph: Graph) -> None:
         rank = len(node.shape) if node.shape else 0
         node.follower = FollowerInfo((name,), operand_axes=((1, (int(attrs.axis) % max(rank, 1),)),))
     elif name in FOLLOWERS:
-        node.follower = FollowerInfo((name, struct_key(attrs)))
+        node.follower = FollowerInfo((name, struct_key(attrs)), commutative=name in COMMUTATIVE)
     elif len(node.operands) == 2 and name in ("nn.dense", "nn.matmul", "nn.batch_matmul"):
         node.root = _matmul_root(name, attrs, graph, node)
     elif len(node.operands) == 2 and name == "nn.conv2d":

@@ -1,0 +1,290 @@
+"""CombineParallelMatmul on hand-built Relax graphs: what combines, what must not, numerics."""
+
+import numpy as np
+import pytest
+import tvm
+from helpers import R, assert_same_outputs, make_module, ops, random_inputs, run
+from tvm import relax
+
+from tvm_combiners.relax import CombineParallelMatmul, CombineParallelOps
+
+F32 = "float32"
+
+
+def _const(shape, seed, dtype=F32):
+    return relax.const(np.random.default_rng(seed).standard_normal(shape).astype(dtype))
+
+
+def qkv(bias_first: bool = True, activation=None, const_weights: bool = False, widths=(16, 16, 16)):
+    params = {"x": ((2, 5, 8), F32)}
+    if not const_weights:
+        params.update({f"w{i}": ((8, n), F32) for i, n in enumerate(widths)})
+        params.update({f"b{i}": ((n,), F32) for i, n in enumerate(widths)})
+
+    def body(bb, x, *rest):
+        outs = []
+        for i, n in enumerate(widths):
+            w = _const((8, n), i) if const_weights else rest[i]
+            b = _const((n,), 10 + i) if const_weights else rest[len(widths) + i]
+            y = bb.emit(R.matmul(x, w))
+            y = bb.emit(R.add(b, y) if bias_first else R.add(y, b))
+            if activation is not None:
+                y = bb.emit(activation(y))
+            outs.append(bb.emit(R.reshape(y, (2, 5, n))))
+        return outs
+
+    return make_module(params, body)
+
+
+@pytest.mark.parametrize("bias_first", [True, False])
+@pytest.mark.parametrize("const_weights", [True, False])
+def test_qkv_with_bias_in_either_position(bias_first, const_weights):
+    mod = qkv(bias_first=bias_first, const_weights=const_weights, widths=(16, 8, 24))
+    new = CombineParallelMatmul()(mod)
+    assert ops(mod, "matmul") == 3 and ops(new, "matmul") == 1
+    assert ops(new, "add") == 1  # the three bias adds became one
+    assert_same_outputs(mod, new, random_inputs(mod))
+
+
+@pytest.mark.parametrize(
+    "activation", [R.nn.relu, R.nn.gelu, R.nn.gelu_tanh, R.nn.silu, R.sigmoid, R.tanh, lambda y: R.astype(y, "float16")]
+)
+def test_activations_follow(activation):
+    mod = qkv(activation=activation)
+    new = CombineParallelMatmul()(mod)
+    assert ops(new, "matmul") == 1 and ops(new, "add") == 1
+    assert_same_outputs(mod, new, random_inputs(mod), atol=1e-3)
+
+
+def test_constant_weights_are_concatenated_at_compile_time():
+    mod = qkv(const_weights=True)
+    new = CombineParallelMatmul()(mod)
+    assert ops(new, "concat") == 0  # numpy concatenated the constants already
+    assert ops(new, "matmul") == 1
+    # and nothing the VM executes concatenates per call
+    lowered = relax.get_default_pipeline(tvm.target.Target({"kind": "llvm"}))(new)
+    assert "concat" not in " ".join(str(gv) for gv in lowered.get_global_vars())
+
+
+def test_parameter_weights_concat_is_liftable():
+    mod = qkv(const_weights=False)
+    mod["main"] = mod["main"].with_attr("num_input", 1)
+    new = CombineParallelMatmul()(mod)
+    assert ops(new, "concat") == 2  # weights and biases, once each
+    lifted = relax.transform.LiftTransformParams()(new)
+    assert ops(tvm.IRModule({"main": lifted["main"]}), "concat") == 0
+    assert "main_transform_params" in [gv.name_hint for gv in lifted.get_global_vars()]
+
+
+def test_scalar_scales_and_different_scalars_per_branch():
+    def body(bb, x, w0, w1, w2):
+        outs = []
+        for i, w in enumerate((w0, w1, w2)):
+            y = bb.emit(R.matmul(x, w))
+            y = bb.emit(R.multiply(y, relax.const(0.5 * (i + 1), F32)))  # a different scalar per branch
+            outs.append(bb.emit(R.divide(y, relax.const(3.0, F32))))  # the same scalar in all
+        return outs
+
+    mod = make_module({"x": ((3, 8), F32), "w0": ((8, 4), F32), "w1": ((8, 6), F32), "w2": ((8, 2), F32)}, body)
+    new = CombineParallelMatmul()(mod)
+    assert ops(new, "matmul") == 1 and ops(new, "multiply") == 1 and ops(new, "divide") == 1
+    assert_same_outputs(mod, new, random_inputs(mod))
+
+
+def test_permuted_weights_and_batched_lhs():
+    def body(bb, x, w0, w1):
+        a = bb.emit(R.matmul(x, bb.emit(R.permute_dims(w0))))
+        b = bb.emit(R.matmul(x, bb.emit(R.permute_dims(w1))))
+        return [a, b]
+
+    mod = make_module({"x": ((2, 3, 4, 8), F32), "w0": ((5, 8), F32), "w1": ((7, 8), F32)}, body)
+    new = CombineParallelMatmul()(mod)
+    assert ops(new, "matmul") == 1
+    assert_same_outputs(mod, new, random_inputs(mod))
+
+
+def test_one_dimensional_lhs():
+    mod = make_module({"x": ((8,), F32), "w0": ((8, 3), F32), "w1": ((8, 4), F32)},
+                      lambda bb, x, w0, w1: [bb.emit(R.matmul(x, w0)), bb.emit(R.matmul(x, w1))])
+    new = CombineParallelMatmul()(mod)
+    assert ops(new, "matmul") == 1
+    assert_same_outputs(mod, new, random_inputs(mod))
+
+
+def test_structurally_equal_inputs_group_together():
+    def body(bb, x, w0, w1):
+        x0 = bb.emit(R.reshape(x, (6, 8)))
+        x1 = bb.emit(R.reshape(x, (6, 8)))  # a second, equal reshape: what ONNX importers emit
+        return [bb.emit(R.matmul(x0, w0)), bb.emit(R.matmul(x1, w1))]
+
+    mod = make_module({"x": ((2, 3, 8), F32), "w0": ((8, 3), F32), "w1": ((8, 4), F32)}, body)
+    new = CombineParallelMatmul()(mod)
+    assert ops(new, "matmul") == 1
+    assert_same_outputs(mod, new, random_inputs(mod))
+
+
+def test_symbolic_batch_and_sequence():
+    n, s = tvm.tirx.Var("n", "int64"), tvm.tirx.Var("s", "int64")
+
+    def body(bb, x, w0, w1, b0, b1):
+        return [bb.emit(R.add(bb.emit(R.matmul(x, w0)), b0)), bb.emit(R.add(b1, bb.emit(R.matmul(x, w1))))]
+
+    mod = make_module(
+        {"x": ((n, s, 8), F32), "w0": ((8, 4), F32), "w1": ((8, 6), F32), "b0": ((4,), F32), "b1": ((6,), F32)}, body
+    )
+    new = CombineParallelMatmul()(mod)
+    assert ops(new, "matmul") == 1 and ops(new, "add") == 1
+    assert_same_outputs(mod, new, random_inputs(mod, sizes={"n": 3, "s": 7}))
+
+
+def test_symbolic_width_is_left_alone():
+    m = tvm.tirx.Var("m", "int64")
+    mod = make_module({"x": ((3, 8), F32), "w0": ((8, m), F32), "w1": ((8, 4), F32)},
+                      lambda bb, x, w0, w1: [bb.emit(R.matmul(x, w0)), bb.emit(R.matmul(x, w1))])
+    new = CombineParallelMatmul()(mod)
+    assert tvm_ffi_equal(new, mod)
+
+
+def tvm_ffi_equal(a, b) -> bool:
+    import tvm_ffi
+
+    return bool(tvm_ffi.structural_equal(a, b))
+
+
+# -- negative cases: the module must come back unchanged ---------------------------------------
+
+
+def test_different_k_not_combined():
+    mod = make_module({"x": ((3, 8), F32), "y": ((3, 6), F32), "w0": ((8, 4), F32), "w1": ((6, 4), F32)},
+                      lambda bb, x, y, w0, w1: [bb.emit(R.matmul(x, w0)), bb.emit(R.matmul(y, w1))])
+    assert tvm_ffi_equal(CombineParallelMatmul()(mod), mod)
+
+
+def test_different_dtypes_not_combined():
+    def body(bb, x, w0, w1):
+        return [bb.emit(R.matmul(x, w0)), bb.emit(R.matmul(x, w1, out_dtype="float32"))]
+
+    mod = make_module({"x": ((3, 8), "float16"), "w0": ((8, 4), "float16"), "w1": ((8, 4), "float16")}, body)
+    assert tvm_ffi_equal(CombineParallelMatmul()(mod), mod)
+    mod2 = make_module({"x": ((3, 8), F32), "w0": ((8, 4), F32), "w1": ((8, 4), "float16")},
+                       lambda bb, x, w0, w1: [bb.emit(R.matmul(x, w0)), bb.emit(R.matmul(x, bb.emit(R.astype(w1, F32))))])
+    # here both weights are float32 at the matmul: they may combine, and results stay equal
+    new2 = CombineParallelMatmul()(mod2)
+    assert ops(new2, "matmul") == 1
+    assert_same_outputs(mod2, new2, random_inputs(mod2))
+
+
+def test_dependent_branch_not_combined():
+    def body(bb, x, w0, w1):
+        a = bb.emit(R.matmul(x, w0))  # (3, 8)
+        w1b = bb.emit(R.add(w1, bb.emit(R.sum(a))))  # the second weight depends on the first branch
+        return [a, bb.emit(R.matmul(x, w1b))]
+
+    mod = make_module({"x": ((3, 8), F32), "w0": ((8, 8), F32), "w1": ((8, 4), F32)}, body)
+    new = CombineParallelMatmul()(mod)
+    assert tvm_ffi_equal(new, mod)
+
+
+def test_branch_consumed_by_later_branch_follower():
+    def body(bb, x, w0, w1):
+        a = bb.emit(R.matmul(x, w0))  # (3, 4)
+        b = bb.emit(R.matmul(x, w1))
+        c = bb.emit(R.add(b, a))  # the follower of branch 1 reads branch 0's result
+        return [c]
+
+    mod = make_module({"x": ((3, 8), F32), "w0": ((8, 4), F32), "w1": ((8, 4), F32)}, body)
+    new = CombineParallelMatmul()(mod)
+    # the roots still combine (independent), but the follower reading branch 0 stays outside
+    assert ops(new, "matmul") == 1 and ops(new, "add") == 1
+    assert_same_outputs(mod, new, random_inputs(mod))
+
+
+def test_fewer_branches_than_minimum():
+    mod = qkv(widths=(4, 4))
+    assert tvm_ffi_equal(CombineParallelMatmul(min_num_branches=3)(mod), mod)
+    assert ops(CombineParallelMatmul(min_num_branches=2)(mod), "matmul") == 1
+
+
+def test_intermediate_with_second_user_ends_branch():
+    def body(bb, x, w0, w1, b0, b1):
+        a = bb.emit(R.matmul(x, w0))
+        b = bb.emit(R.matmul(x, w1))
+        return [bb.emit(R.add(a, b0)), bb.emit(R.add(b, b1)), a]  # a is also an output
+
+    mod = make_module({"x": ((3, 8), F32), "w0": ((8, 4), F32), "w1": ((8, 4), F32), "b0": ((4,), F32),
+                       "b1": ((4,), F32)}, body)
+    new = CombineParallelMatmul()(mod)
+    assert ops(new, "matmul") == 1 and ops(new, "add") == 2
+    assert_same_outputs(mod, new, random_inputs(mod))
+
+
+# -- options ----------------------------------------------------------------------------------
+
+
+def test_max_branches_cuts_groups_and_stays_idempotent():
+    mod = qkv(widths=(4, 4, 4, 4, 4))
+    new = CombineParallelMatmul(max_branches=2)(mod)
+    assert ops(new, "matmul") == 3  # 2 + 2 + 1
+    again = CombineParallelMatmul(max_branches=2)(new)
+    assert tvm_ffi_equal(again, new)
+    assert_same_outputs(mod, new, random_inputs(mod))
+
+
+def test_max_combined_bytes():
+    mod = qkv(widths=(16, 16, 16))  # each weight 8*16*4 = 512 bytes
+    assert ops(CombineParallelMatmul(max_combined_bytes=1024)(mod), "matmul") == 2
+    assert ops(CombineParallelMatmul(max_combined_bytes=1536)(mod), "matmul") == 1
+    assert tvm_ffi_equal(CombineParallelMatmul(max_combined_bytes=511)(mod), mod)
+
+
+def test_check_callback_vetoes_and_sees_candidates():
+    mod = qkv(widths=(4, 8, 12))
+    seen = []
+    vetoed = CombineParallelMatmul(check=lambda c: seen.append(c) or False)(mod)
+    assert tvm_ffi_equal(vetoed, mod)
+    assert seen and seen[0].widths == (4, 8, 12) and seen[0].family == "matmul"
+    assert seen[0].follower_ops == ("add",)
+    assert ops(CombineParallelMatmul(check=lambda c: True)(mod), "matmul") == 1
+
+
+def test_bad_options_raise_clear_errors():
+    with pytest.raises(ValueError, match="CombineParallelMatmul: min_num_branches must be >= 2, got 1"):
+        CombineParallelMatmul(min_num_branches=1)
+    with pytest.raises(ValueError, match=r"max_branches \(2\) must be >= min_num_branches \(3\)"):
+        CombineParallelMatmul(min_num_branches=3, max_branches=2)
+    with pytest.raises(ValueError, match="max_combined_bytes must be positive"):
+        CombineParallelOps(max_combined_bytes=0)
+    with pytest.raises(TypeError, match="CombineParallelMatmul: check must be callable or None, got int"):
+        CombineParallelMatmul(check=3)
+
+
+# -- pass infrastructure ----------------------------------------------------------------------
+
+
+def test_idempotent_and_deterministic():
+    mod = qkv(widths=(4, 8, 12), activation=R.nn.relu)
+    once = CombineParallelOps()(mod)
+    assert tvm_ffi_equal(CombineParallelOps()(once), once)
+    assert tvm_ffi_equal(CombineParallelOps()(mod), once)
+
+
+def test_usable_in_sequential_and_compile_pipeline():
+    mod = qkv()
+    seq = tvm.transform.Sequential([CombineParallelMatmul(), relax.transform.DeadCodeElimination()])
+    assert ops(seq(mod), "matmul") == 1
+    assert CombineParallelMatmul().info.name == "CombineParallelMatmul"
+    target = tvm.target.Target({"kind": "llvm"})
+    pipeline = tvm.transform.Sequential([CombineParallelOps(), relax.get_default_pipeline(target)])
+    ex = tvm.compile(mod, target=target, relax_pipeline=pipeline)
+    inputs = random_inputs(mod)
+    from tvm_combiners.relax.runner import run_vm
+
+    for got, want in zip(run_vm(ex, inputs), run(mod, inputs)):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_disabled_pass_is_skipped():
+    mod = qkv()
+    with tvm.transform.PassContext(disabled_pass=["CombineParallelMatmul"]):
+        out = tvm.transform.Sequential([CombineParallelMatmul()])(mod)
+    assert ops(out, "matmul") == 3
