@@ -1,0 +1,109 @@
+"""The planner on hand-made neutral graphs: grouping, limits, dependencies across groups."""
+
+import pytest
+
+from tvm_combiners.core import CombineOptions, FollowerInfo, Graph, RootInfo, plan_combinations
+
+
+class G:
+    """A tiny builder for neutral graphs: leaves, matmul-like roots and unary followers."""
+
+    def __init__(self):
+        self.g = Graph()
+
+    def leaf(self, shape=(4, 8)):
+        return self.g.add(op="param", operands=(), deps=(), shape=shape, dtype="float32").index
+
+    def root(self, data, weight, width, key="k"):
+        info = RootInfo("matmul", 0, 1, key, out_axis=1, weight_axis=1, width=width)
+        return self.g.add(op="matmul", operands=(data, weight), deps=(data, weight), shape=(4, width),
+                          dtype="float32", value_key=("matmul",), root=info).index
+
+    def unary(self, x, name="relu"):
+        shape = self.g[x].shape
+        return self.g.add(op=name, operands=(x,), deps=(x,), shape=shape, dtype="float32", value_key=(name,),
+                          follower=FollowerInfo((name,))).index
+
+    def other(self, *deps, shape=(8, 4)):
+        return self.g.add(op="other", operands=tuple(deps), deps=tuple(deps), shape=shape, dtype="float32",
+                          value_key=("other",)).index
+
+
+def test_groups_by_input_value_and_key_in_program_order():
+    b = G()
+    x, y = b.leaf(), b.leaf()
+    r = [b.root(x, b.leaf((8, 3)), 3), b.root(y, b.leaf((8, 3)), 3), b.root(x, b.leaf((8, 5)), 5),
+         b.root(x, b.leaf((8, 2)), 2, key="other"), b.root(y, b.leaf((8, 1)), 1)]
+    plans = plan_combinations(b.g, ["matmul"])
+    assert [p.roots for p in plans] == [(r[0], r[2]), (r[1], r[4])]
+    assert plans[0].widths == (3, 5)
+
+
+def test_followers_extend_while_all_branches_agree():
+    b = G()
+    x = b.leaf()
+    r0, r1 = b.root(x, b.leaf(), 3), b.root(x, b.leaf(), 4)
+    f0, f1 = b.unary(r0), b.unary(r1)
+    b.unary(f0, "exp"), b.unary(f1, "tanh")
+    (plan,) = plan_combinations(b.g, ["matmul"])
+    assert [s.nodes for s in plan.steps] == [(f0, f1)]
+    assert plan.ends == (f0, f1)
+
+
+def test_weight_depending_on_a_branch_is_excluded():
+    b = G()
+    x = b.leaf()
+    r0 = b.root(x, b.leaf(), 8)
+    w1 = b.other(r0)
+    r1 = b.root(x, w1, 4)
+    r2 = b.root(x, b.leaf(), 2)
+    (plan,) = plan_combinations(b.g, ["matmul"])
+    assert plan.roots == (r0, r2)
+    assert r1 not in plan.members
+
+
+def test_cycle_through_two_groups_is_avoided():
+    # group A = {a0, a1} on x, group B = {b0, b1} on y; b1's weight reads a0, a1's weight reads b0.
+    # Each group alone is fine; combining both would make A and B depend on each other.
+    b = G()
+    x, y = b.leaf(), b.leaf()
+    a0 = b.root(x, b.leaf(), 8)
+    b0 = b.root(y, b.leaf(), 8)
+    a1 = b.root(x, b.other(b0), 4)
+    b1 = b.root(y, b.other(a0), 4)
+    plans = plan_combinations(b.g, ["matmul"])
+    assert [p.roots for p in plans] == [(a0, a1)]
+    assert b1 not in plans[0].members
+
+
+def test_limits_cut_groups():
+    b = G()
+    x = b.leaf()
+    roots = [b.root(x, b.leaf((8, 4)), 4) for _ in range(5)]
+    plans = plan_combinations(b.g, ["matmul"], CombineOptions(max_branches=2))
+    assert [p.roots for p in plans] == [tuple(roots[0:2]), tuple(roots[2:4])]
+    plans = plan_combinations(b.g, ["matmul"], CombineOptions(max_combined_bytes=3 * 8 * 4 * 4))
+    assert [p.roots for p in plans] == [tuple(roots[0:3]), tuple(roots[3:5])]
+    assert plan_combinations(b.g, ["matmul"], CombineOptions(min_num_branches=6)) == []
+
+
+def test_veto_and_unknown_sizes():
+    b = G()
+    x = b.leaf()
+    b.root(x, b.leaf((8, "n")), 4)
+    b.root(x, b.leaf((8, 4)), 4)
+    assert plan_combinations(b.g, ["matmul"], veto=lambda p: True) == []
+    # a symbolic weight size cannot be proven under a byte limit: left alone
+    assert plan_combinations(b.g, ["matmul"], CombineOptions(max_combined_bytes=10**9)) == []
+    assert len(plan_combinations(b.g, ["matmul"])) == 1
+
+
+def test_options_are_validated():
+    with pytest.raises(ValueError, match="min_num_branches must be >= 2"):
+        CombineOptions(min_num_branches=0)
+
+
+def test_graph_rejects_forward_references():
+    g = Graph()
+    with pytest.raises(ValueError, match="depends on later node"):
+        g.add(op="x", operands=(1,), deps=(1,), shape=None, dtype=None)
