@@ -88,9 +88,9 @@ def _backend(ir: str) -> Backend:
 
 
 def run_job(model_path: str | None = None, target: str = "llvm", ir: str = "relax", batch: int = 1, seq: int = 128,
-            combine: bool = True, repeat: int = 5, log: TextIO = sys.stderr) -> JobReport:
+            combine: bool = True, repeat: int = 5, log: TextIO | None = None) -> JobReport:
     def progress(msg: str) -> None:
-        print(f"[tvm-combiners] {msg}", file=log, flush=True)
+        print(f"[tvm-combiners] {msg}", file=log or sys.stderr, flush=True)
 
     path = model_path or default_model_path()
     backend = _backend(ir)

@@ -96,6 +96,9 @@ def input_specs(model: onnx.ModelProto) -> dict[str, tuple[list[Any], str]]:
 def example_inputs(model: onnx.ModelProto, batch: int = 1, seq: int = 128, seed: int = 0) -> dict[str, np.ndarray]:
     """Deterministic inputs: token ids, an attention mask with padding, zero token types."""
     rng = np.random.default_rng(seed)
+    tables = {i.name: i.dims[0] for i in model.graph.initializer if len(i.dims) == 2}
+    vocab = {n.input[1]: tables[n.input[0]] for n in model.graph.node
+             if n.op_type == "Gather" and len(n.input) > 1 and n.input[0] in tables}
     arrays = {}
     for name, (dims, dtype) in input_specs(model).items():
         shape = [d if isinstance(d, int) and d > 0 else (batch if i == 0 else seq) for i, d in enumerate(dims)]
@@ -107,7 +110,7 @@ def example_inputs(model: onnx.ModelProto, batch: int = 1, seq: int = 128, seed:
         elif "type" in lname:
             array = np.zeros(shape, dtype)
         elif np.issubdtype(np.dtype(dtype), np.integer):
-            array = rng.integers(0, 1000, size=shape).astype(dtype)
+            array = rng.integers(0, min(vocab.get(name, 1000), 1000), size=shape).astype(dtype)
         else:
             array = rng.standard_normal(shape).astype(dtype)
         arrays[name] = array

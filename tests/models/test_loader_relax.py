@@ -1,0 +1,88 @@
+"""The loader and the Relax combiners on real models, compared with onnxruntime."""
+
+import numpy as np
+import onnx
+import pytest
+import tvm.relax.frontend.onnx  # noqa: F401
+from tvm import relax
+
+from tvm_combiners.models import (
+    default_model_path,
+    example_inputs,
+    import_relax,
+    input_specs,
+    prepare_onnx,
+    run_onnxruntime,
+)
+from tvm_combiners.relax import CombineParallelOps
+from tvm_combiners.relax.runner import compile_module, count_ops, run_vm
+
+pytestmark = pytest.mark.slow
+
+
+def max_diff(outputs, reference):
+    assert len(outputs) == len(reference)
+    return max(float(np.max(np.abs(o.astype(np.float64) - r))) for o, r in zip(outputs, reference))
+
+
+def test_default_model_is_found():
+    path = default_model_path()
+    assert path.name == "paraphrase-MiniLM-L3-v2.onnx" and path.is_file()
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="ONNX model not found: .*nope.onnx"):
+        prepare_onnx(tmp_path / "nope.onnx")
+
+
+def test_prepare_fixes_sizes_and_keeps_matmuls(minilm):
+    assert input_specs(minilm) == {"input_ids": ([1, 128], "int64"), "attention_mask": ([1, 128], "int64")}
+    assert sum(n.op_type == "MatMul" for n in minilm.graph.node) == 24
+    assert not any(n.op_type in ("Gemm", "ConstantOfShape", "Shape") for n in minilm.graph.node)
+
+
+@pytest.mark.parametrize("params_as_inputs", [False, True])
+def test_minilm_qkv_combined_and_equal_to_onnxruntime(minilm, params_as_inputs):
+    mod, params = import_relax(minilm, params_as_inputs=params_as_inputs)
+    groups = []
+    new = CombineParallelOps(on_combine=groups.append)(mod)
+    assert count_ops(mod)["matmul"] == 24 and count_ops(new)["matmul"] == 18
+    assert [g.widths for g in groups] == [(384, 384, 384)] * 3
+    assert all(g.follower_ops == ("add",) for g in groups)  # the biases came along
+    inputs = example_inputs(minilm)
+    reference = run_onnxruntime(minilm, inputs)
+    outputs = run_vm(compile_module(new), list(inputs.values()), params=params.get("main", []))
+    assert max_diff(outputs, reference) <= 1e-4
+
+
+def test_minilm_with_symbolic_batch_and_sequence():
+    model = prepare_onnx(default_model_path(), batch=None, seq=None)
+    mod, _ = import_relax(model)
+    new = CombineParallelOps()(mod)
+    assert count_ops(new)["matmul"] == 18
+    executable = compile_module(new)
+    for batch, seq in [(1, 16), (2, 40)]:
+        inputs = example_inputs(model, batch, seq)
+        assert max_diff(run_vm(executable, list(inputs.values())), run_onnxruntime(model, inputs)) <= 1e-4
+
+
+def test_torch_exported_bert_needs_preparation_and_then_combines(hf_bert_path):
+    raw = onnx.load(str(hf_bert_path))
+    with pytest.raises(Exception, match="broadcast_to expects"):
+        relax.frontend.onnx.from_onnx(raw, shape_dict={"input_ids": [1, 16], "attention_mask": [1, 16]})
+    model = prepare_onnx(hf_bert_path, 1, 16)
+    mod, _ = import_relax(model)
+    groups = []
+    new = CombineParallelOps(on_combine=groups.append)(mod)
+    assert len(groups) == 2 and all(g.widths == (64, 64, 64) for g in groups)  # Q, K, V of both layers
+    assert count_ops(mod)["matmul"] - count_ops(new)["matmul"] == 4
+    inputs = example_inputs(model, 1, 16)
+    reference = run_onnxruntime(model, inputs)
+    for m in (mod, new):
+        assert max_diff(run_vm(compile_module(m), list(inputs.values())), reference) <= 1e-4
+
+
+def test_minilm_compiles_for_cuda(minilm):
+    mod, _ = import_relax(minilm)
+    executable = compile_module(CombineParallelOps()(mod), "cuda")
+    assert executable is not None

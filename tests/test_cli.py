@@ -1,0 +1,63 @@
+"""The main job from the command line: its table, its groups, its errors."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tvm_combiners.cli import main
+
+pytestmark = pytest.mark.slow
+
+
+def _row(out, label):
+    line = next(line for line in out.splitlines() if line.startswith(label + " "))
+    return line.split()
+
+
+def test_console_script_runs_the_default_bert():
+    exe = shutil.which("tvm-combiners", path=os.path.dirname(sys.executable))
+    assert exe, "pip install -e . should have installed the tvm-combiners console script"
+    proc = subprocess.run([exe, "run", "--repeat", "1"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "paraphrase-MiniLM-L3-v2.onnx" in out and "ir relax" in out and "batch 1  seq 128" in out
+    head = _row(out, "module")
+    assert head[:2] == ["module", "#matmul"]
+    baseline, combined = _row(out, "baseline"), _row(out, "combined")
+    assert baseline[1] == "24" and combined[1] == "18"
+    assert float(baseline[-1]) <= 1e-4 and float(combined[-1]) <= 1e-4
+    assert "combined groups: 3" in out
+    assert out.count("3 x matmul -> add, widths [384, 384, 384]") == 3
+    assert "[tvm-combiners] compiling combined for llvm" in proc.stderr  # progress lines
+
+
+def test_no_combine(capsys):
+    assert main(["run", "--no-combine", "--repeat", "1", "--seq", "32"]) == 0
+    out = capsys.readouterr().out
+    assert "combined groups: 0" in out and "seq 32" in out
+    assert re.search(r"^baseline\s+24\s", out, re.M) and "combined " not in out.split("combined groups")[0]
+
+
+def test_missing_file_is_a_clear_error(capsys, tmp_path):
+    assert main(["run", str(tmp_path / "missing.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert f"tvm-combiners: error: ONNX model not found: {tmp_path / 'missing.onnx'}" in err
+
+
+def test_bad_sizes_are_rejected(capsys):
+    assert main(["run", "--batch", "0"]) == 2
+    assert "--batch, --seq and --repeat must be positive" in capsys.readouterr().err
+
+
+def test_cuda_target_compiles_and_says_when_it_cannot_run(capsys):
+    from tvm_combiners.relax.runner import has_gpu
+
+    assert main(["run", "--target", "cuda", "--repeat", "1", "--seq", "32"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^combined\s+18\s", out, re.M)
+    if not has_gpu():
+        assert "no CUDA GPU here: compiled with nvcc, not executed" in out
