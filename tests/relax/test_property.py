@@ -33,6 +33,22 @@ def matmul_graphs(draw):
     return batch, k, branches, draw(st.integers(0, 2**16))
 
 
+def follower(kind, y, n, const):
+    if kind == "bias":
+        return R.add(y, const((n,)))
+    if kind == "bias_first":
+        return R.add(const((n,)), y)
+    if kind == "row_bias":
+        return R.add(y, const((3, 1)))
+    if kind == "scale_shared":
+        return R.multiply(y, relax.const(0.5, F32))
+    if kind == "scale_own":
+        return R.multiply(y, const(()))
+    if kind == "sub_scalar":
+        return R.subtract(relax.const(1.0, F32), y)
+    return {"relu": R.nn.relu, "gelu": R.nn.gelu, "sigmoid": R.sigmoid}[kind](y)
+
+
 def build(batch, k, branches, seed):
     rng = np.random.default_rng(seed)
 
@@ -59,19 +75,8 @@ def build(batch, k, branches, seed):
             y = bb.emit(R.matmul(data, w))
             if br["also_output_root"]:
                 outs.append(y)
-            for f in br["followers"]:
-                n = br["n"]
-                y = bb.emit({
-                    "bias": lambda: R.add(y, const((n,))),
-                    "bias_first": lambda: R.add(const((n,)), y),
-                    "row_bias": lambda: R.add(y, const((3, 1))),
-                    "scale_shared": lambda: R.multiply(y, relax.const(0.5, F32)),
-                    "scale_own": lambda: R.multiply(y, const(())),
-                    "relu": lambda: R.nn.relu(y),
-                    "gelu": lambda: R.nn.gelu(y),
-                    "sigmoid": lambda: R.sigmoid(y),
-                    "sub_scalar": lambda: R.subtract(relax.const(1.0, F32), y),
-                }[f]())
+            for kind in br["followers"]:
+                y = bb.emit(follower(kind, y, br["n"], const))
             outs.append(y)
             prev = y
         return outs
