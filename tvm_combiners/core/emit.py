@@ -12,7 +12,6 @@ from typing import Any, Protocol
 
 from .branch_grouping import CombinePlan
 from .graph import Dim, Graph
-from .kernel_alignment import KernelAlignment
 
 
 class PlanBuilder(Protocol):
@@ -28,8 +27,9 @@ class PlanBuilder(Protocol):
 
     def broadcast(self, value: Any, shape: Sequence[Dim]) -> Any: ...
 
-    def combined_root(self, template: int, data: Any, weight: Any, alignment: KernelAlignment | None) -> Any:
-        """A copy of root ``template`` reading ``data`` and the concatenated ``weight``."""
+    def combined_root(self, plan: CombinePlan, data: Any, weight: Any) -> Any:
+        """A copy of the plan's first root reading ``data`` and the concatenated ``weight``
+        (with the plan's kernel alignment for convolutions)."""
 
     def combined_follower(self, template: int, operands: Sequence[Any]) -> Any:
         """A copy of follower ``template`` with new operands."""
@@ -52,7 +52,7 @@ def emit_plan(plan: CombinePlan, graph: Graph, builder: PlanBuilder) -> list[Any
                 pads[axis] = pad
             weight = builder.pad(weight, pads)
         weights.append(weight)
-    combined = builder.combined_root(plan.roots[0], data, builder.concat(weights, plan.weight_axis), plan.alignment)
+    combined = builder.combined_root(plan, data, builder.concat(weights, plan.weight_axis))
     for step in plan.steps:
         template = graph[step.nodes[0]]
         if template.follower.identity:

@@ -167,10 +167,39 @@ def import_relax(model: onnx.ModelProto, params_as_inputs: bool = False) -> tupl
 
 
 def import_relay(model: onnx.ModelProto, params_as_inputs: bool = False) -> tuple[Any, dict[str, Any]]:
-    """Relay module and params of ``model`` (the Relay environment only)."""
+    """Relay module and params of ``model`` (the Relay environment only).
+
+    Relay's ONNX frontend cannot type a MatMul whose weight is an unfrozen parameter, so
+    ``params_as_inputs`` imports with frozen weights and then turns float constants back into
+    function parameters (returned as ``params`` for ``relay.build``).
+    """
     from tvm import relay
 
-    if params_as_inputs:
-        model = _shape_initializers_as_constants(model)
     shape_dict = {name: dims for name, (dims, _) in input_specs(model).items()}
-    return relay.frontend.from_onnx(model, shape=shape_dict, freeze_params=not params_as_inputs)
+    mod, params = relay.frontend.from_onnx(model, shape=shape_dict, freeze_params=True)
+    if params_as_inputs:
+        mod, params = _constants_to_params(mod)
+    return mod, params
+
+
+def _constants_to_params(mod: Any) -> tuple[Any, dict[str, Any]]:
+    import tvm
+    from tvm import relay
+
+    params: dict[str, Any] = {}
+    new_vars: list[Any] = []
+
+    class Lift(relay.ExprMutator):
+        def visit_constant(self, const: Any) -> Any:
+            data = const.data
+            if data.numpy().ndim == 0 or not np.issubdtype(data.numpy().dtype, np.floating):
+                return const
+            var = relay.var(f"param_{len(new_vars)}", shape=data.shape, dtype=str(data.dtype))
+            new_vars.append(var)
+            params[var.name_hint] = data
+            return var
+
+    func = mod["main"]
+    body = Lift().visit(func.body)
+    new_mod = tvm.IRModule.from_expr(relay.Function(list(func.params) + new_vars, body))
+    return relay.transform.InferType()(new_mod), params

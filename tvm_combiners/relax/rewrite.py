@@ -11,7 +11,6 @@ from tvm import relax
 from ..core.branch_grouping import CombinePlan
 from ..core.emit import emit_plan
 from ..core.graph import Dim
-from ..core.kernel_alignment import KernelAlignment
 from ..core.schedule import schedule
 from ..core.struct_key import SymDim
 from .graph_view import BlockView, Constant, constant_array
@@ -67,8 +66,9 @@ class RelaxPlanBuilder:
             return relax.const(np.ascontiguousarray(np.broadcast_to(array, tuple(shape))))
         return self._emit(relax.op.broadcast_to(value, _shape_expr(shape)))
 
-    def combined_root(self, template: int, data: Any, weight: Any, alignment: KernelAlignment | None) -> Any:
-        call = self.view.call_of(template)
+    def combined_root(self, plan: CombinePlan, data: Any, weight: Any) -> Any:
+        call = self.view.call_of(plan.roots[0])
+        alignment = plan.alignment
         if alignment is None:
             return self._emit(relax.Call(call.op, [data, weight], call.attrs, call.ty_args))
         a = call.attrs

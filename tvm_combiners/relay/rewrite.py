@@ -11,7 +11,6 @@ from tvm import relay
 from ..core.branch_grouping import CombinePlan
 from ..core.emit import emit_plan
 from ..core.graph import Dim
-from ..core.kernel_alignment import KernelAlignment
 from ..core.schedule import schedule
 from ..core.struct_key import SymDim
 from .graph_view import BodyView
@@ -46,8 +45,9 @@ class RelayPlanBuilder:
             return relay.const(np.ascontiguousarray(np.broadcast_to(array, tuple(shape))))
         return relay.broadcast_to(value, [d.expr if isinstance(d, SymDim) else int(d) for d in shape])
 
-    def combined_root(self, template: int, data: Any, weight: Any, alignment: KernelAlignment | None) -> Any:
-        call = self.view.expr_of(template)
+    def combined_root(self, plan: CombinePlan, data: Any, weight: Any) -> Any:
+        call = self.view.expr_of(plan.roots[0])
+        alignment = plan.alignment
         a = call.attrs
         name = call.op.name
         if name == "nn.dense":
@@ -57,10 +57,9 @@ class RelayPlanBuilder:
                                    transpose_b=a.transpose_b)
         if name == "nn.conv2d":
             (top, bottom), (left, right) = alignment.padding
-            # channels and kernel_size are left for type inference to read off the combined weight
             return relay.nn.conv2d(
                 data, weight, strides=a.strides, padding=(top, left, bottom, right), dilation=a.dilation,
-                groups=a.groups, channels=None, kernel_size=None, data_layout=a.data_layout,
+                groups=a.groups, channels=sum(plan.widths), kernel_size=alignment.sizes, data_layout=a.data_layout,
                 kernel_layout=a.kernel_layout, out_layout=a.out_layout, out_dtype=a.out_dtype,
             )
         return relay.Call(call.op, [data, weight], call.attrs, call.type_args, call.span)

@@ -1,0 +1,44 @@
+"""The Relay side of the main job."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..main_job import COUNTED_OPS
+from ..models import import_relay
+from . import runner
+from .passes import CombineParallelOps
+
+
+class RelayBackend:
+    name = "relay"
+
+    def import_model(self, model: Any) -> Any:
+        self._input_names = [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
+        return import_relay(model)
+
+    def combine(self, mod: Any, on_combine: Any) -> Any:
+        relay_mod, params = mod
+        return CombineParallelOps(on_combine=on_combine)(relay_mod), params
+
+    def count_ops(self, mod: Any) -> dict[str, int]:
+        counts = runner.count_ops(mod[0])
+        return {k: counts.get("nn." + k, 0) for k in COUNTED_OPS}
+
+    def compile(self, mod: Any, target: str) -> Any:
+        if target == "cuda":
+            import tvm
+
+            if not tvm.runtime.enabled("cuda"):
+                raise ValueError("this Relay build of TVM has no CUDA code generation: use --ir relax for cuda")
+        return runner.build(mod[0], mod[1], target)
+
+    def run(self, built: Any, inputs: list[np.ndarray], target: str) -> list[np.ndarray]:
+        return runner.run_graph(built, dict(zip(self._input_names, inputs)), target)
+
+    def has_gpu(self) -> bool:
+        import tvm
+
+        return tvm.runtime.enabled("cuda") and tvm.cuda(0).exist

@@ -1,0 +1,68 @@
+"""Build and run Relay modules, count ops: shared by the CLI, tests and benchmarks."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relay
+from tvm.contrib import graph_executor
+
+#: hhb-tvm's default "llvm" means riscv64: always name the host triple.
+LLVM_TARGET = "llvm -mtriple=x86_64-linux-gnu"
+
+
+def make_target(kind: str) -> tvm.target.Target:
+    if kind == "llvm":
+        return tvm.target.Target(LLVM_TARGET)
+    if kind == "cuda":
+        return tvm.target.Target("cuda", host=LLVM_TARGET)
+    raise ValueError(f"unknown target {kind!r}: expected 'llvm' or 'cuda'")
+
+
+def count_ops(mod: tvm.IRModule, names: Sequence[str] | None = None) -> collections.Counter:
+    counts: collections.Counter = collections.Counter()
+
+    def visit(expr: Any) -> None:
+        if isinstance(expr, relay.Call) and isinstance(expr.op, tvm.ir.Op):
+            if names is None or expr.op.name in names:
+                counts[expr.op.name] += 1
+
+    for _, func in mod.functions.items():
+        if isinstance(func, relay.Function):
+            relay.analysis.post_order_visit(func, visit)
+    return counts
+
+
+def build(mod: tvm.IRModule, params: dict | None = None, target: str = "llvm") -> Any:
+    with tvm.transform.PassContext(opt_level=3):
+        return relay.build(mod, target=make_target(target), params=params)
+
+
+def run_graph(lib: Any, inputs: dict[str, np.ndarray], target: str = "llvm") -> list[np.ndarray]:
+    dev = tvm.cpu() if target == "llvm" else tvm.cuda()
+    module = graph_executor.GraphModule(lib["default"](dev))
+    for name, value in inputs.items():
+        module.set_input(name, value)
+    module.run()
+    return [module.get_output(i).numpy() for i in range(module.get_num_outputs())]
+
+
+def run_vm(mod: tvm.IRModule, params: dict | None, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """Compile with the Relay VM and run once on the CPU."""
+    with tvm.transform.PassContext(opt_level=3):
+        exe = relay.vm.compile(mod, target=make_target("llvm"), params=params)
+    vm = tvm.runtime.vm.VirtualMachine(exe, tvm.cpu())
+    out = vm.run(**inputs)
+    items = out if isinstance(out, (list, tuple, tvm.runtime.container.ADT)) else [out]
+    return [o.numpy() for o in items]
+
+
+def run_interpreter(mod: tvm.IRModule, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """The debug executor: no build, fast for tiny test graphs."""
+    out = relay.create_executor("debug", mod=mod, device=tvm.cpu(), target=make_target("llvm")).evaluate()(*inputs)
+    items = out if isinstance(out, (list, tuple, tvm.runtime.container.ADT)) else [out]
+    return [o.numpy() for o in items]
