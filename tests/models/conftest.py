@@ -1,6 +1,3 @@
-import sys
-from pathlib import Path
-
 import pytest
 
 from tvm_combiners.models import default_model_path, prepare_onnx
@@ -17,8 +14,7 @@ def hf_bert_path(tmp_path_factory):
     """A randomly initialised transformers BertModel (2 layers, hidden 64) exported by torch.onnx.export."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    sys.path.insert(0, str(Path(__file__).parent.parent))
-    from bert_export import export_bert
+    from tvm_combiners.models.hf_export import export_bert
 
     path = tmp_path_factory.mktemp("bert") / "bert.onnx"
     export_bert(str(path))

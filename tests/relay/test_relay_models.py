@@ -5,13 +5,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tvm
-from tvm import relay
 
 from tvm_combiners.cli import main
 from tvm_combiners.models import default_model_path, example_inputs, import_relay, prepare_onnx, run_onnxruntime
 from tvm_combiners.relay import CombineParallelOps
-from tvm_combiners.relay.runner import build, count_ops, run_graph, run_vm
+from tvm_combiners.relay.runner import build, count_ops, relays_own_passes, run_graph, run_vm
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,17 +23,6 @@ def max_diff(outputs, reference):
 @pytest.fixture(scope="module")
 def minilm():
     return prepare_onnx(default_model_path(), 1, 128)
-
-
-def relays_own_passes(mod):
-    seq = tvm.transform.Sequential([
-        relay.transform.EliminateCommonSubexpr(),
-        relay.transform.CombineParallelDense(min_num_branches=2, to_batch=False),
-        relay.transform.CombineParallelBatchMatmul(min_num_branches=2),
-        relay.transform.CombineParallelConv2D(min_num_branches=2),
-    ])
-    with tvm.transform.PassContext(opt_level=4):
-        return relay.transform.InferType()(seq(mod))
 
 
 def test_minilm_24_to_18_graph_executor_and_vm(minilm):
@@ -67,7 +54,7 @@ def test_torch_exported_bert(tmp_path):
     if not main_python.exists():
         pytest.skip("the main environment (.venv, with torch) is needed to export the BERT")
     path = tmp_path / "bert.onnx"
-    subprocess.run([str(main_python), str(ROOT / "tests" / "bert_export.py"), str(path)], check=True, timeout=600)
+    subprocess.run([str(main_python), "-m", "tvm_combiners.models.hf_export", str(path)], check=True, timeout=600)
     model = prepare_onnx(path, 1, 16)
     mod, params = import_relay(model)
     groups = []

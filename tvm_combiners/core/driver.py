@@ -50,3 +50,35 @@ class CombineSettings:
             for plan in plans:
                 self.on_combine(candidate_of(plan, graph, expr_of))
         return plans
+
+
+OPTIONS_DOC = """
+    Parameters
+    ----------
+    min_num_branches : int
+        Fewest branches worth one combined op (>= 2).
+    max_branches : int, optional
+        Most branches per combined op; larger groups are cut into several.
+    max_combined_bytes : int, optional
+        Largest concatenated weight, in bytes, like XLA's combiner thresholds.
+    check : callable, optional
+        ``check(candidate) -> bool``; returning False vetoes that group.
+    on_combine : callable, optional
+        Called with every group that is combined (for reports and logging).
+
+    Returns
+    -------
+    tvm.transform.Pass
+"""
+
+
+def pass_factory(name: str, summary: str, build: Callable[[CombineSettings], Any]) -> Callable[..., Any]:
+    """A public pass constructor: validates options, then lets the adapter ``build`` the pass."""
+
+    def factory(min_num_branches: int = 2, max_branches: int | None = None, max_combined_bytes: int | None = None,
+                check: Check | None = None, on_combine: Report | None = None) -> Any:
+        return build(CombineSettings(name, min_num_branches, max_branches, max_combined_bytes, check, on_combine))
+
+    factory.__name__ = factory.__qualname__ = name
+    factory.__doc__ = summary + "\n" + OPTIONS_DOC
+    return factory

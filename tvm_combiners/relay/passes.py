@@ -5,15 +5,12 @@ from __future__ import annotations
 import tvm
 from tvm import relay
 
-from ..core.driver import Check, CombineSettings, Report
+from ..core.driver import CombineSettings, pass_factory
 from .graph_view import UnsupportedRegion, build_body_view
 from .rewrite import rewrite_body
 
 
-def _combine_pass(name: str, min_num_branches: int, max_branches: int | None, max_combined_bytes: int | None,
-                  check: Check | None, on_combine: Report | None) -> tvm.transform.Pass:
-    settings = CombineSettings(name, min_num_branches, max_branches, max_combined_bytes, check, on_combine)
-
+def _build(settings: CombineSettings) -> tvm.transform.Pass:
     def rewrite_function(func: relay.Function) -> relay.Function:
         try:
             view = build_body_view(func.body)
@@ -40,33 +37,15 @@ def _combine_pass(name: str, min_num_branches: int, max_branches: int | None, ma
             mod[gv] = func
         return relay.transform.InferType()(mod)
 
-    return tvm.transform.module_pass(transform, opt_level=0, name=name)
+    return tvm.transform.module_pass(transform, opt_level=0, name=settings.pass_name)
 
 
-def CombineParallelDense(min_num_branches: int = 2, max_branches: int | None = None,
-                         max_combined_bytes: int | None = None, check: Check | None = None,
-                         on_combine: Report | None = None) -> tvm.transform.Pass:
-    """Merge sibling ``nn.dense`` / ``nn.matmul`` ops with 2-D weights that read the same input."""
-    return _combine_pass("CombineParallelDense", min_num_branches, max_branches, max_combined_bytes, check, on_combine)
-
-
-def CombineParallelBatchMatmul(min_num_branches: int = 2, max_branches: int | None = None,
-                               max_combined_bytes: int | None = None, check: Check | None = None,
-                               on_combine: Report | None = None) -> tvm.transform.Pass:
-    """Merge sibling ``nn.batch_matmul`` ops (either ``transpose_b``) of equal batch."""
-    return _combine_pass("CombineParallelBatchMatmul", min_num_branches, max_branches, max_combined_bytes, check,
-                         on_combine)
-
-
-def CombineParallelConv2D(min_num_branches: int = 2, max_branches: int | None = None,
-                          max_combined_bytes: int | None = None, check: Check | None = None,
-                          on_combine: Report | None = None) -> tvm.transform.Pass:
-    """Merge sibling ``nn.conv2d`` ops (groups == 1), zero-padding smaller kernels."""
-    return _combine_pass("CombineParallelConv2D", min_num_branches, max_branches, max_combined_bytes, check, on_combine)
-
-
-def CombineParallelOps(min_num_branches: int = 2, max_branches: int | None = None,
-                       max_combined_bytes: int | None = None, check: Check | None = None,
-                       on_combine: Report | None = None) -> tvm.transform.Pass:
-    """All three combiners in one pass."""
-    return _combine_pass("CombineParallelOps", min_num_branches, max_branches, max_combined_bytes, check, on_combine)
+CombineParallelDense = pass_factory(
+    "CombineParallelDense", "Merge sibling ``nn.dense`` / ``nn.matmul`` ops with 2-D weights reading one input.", _build)
+CombineParallelBatchMatmul = pass_factory(
+    "CombineParallelBatchMatmul", "Merge sibling ``nn.batch_matmul`` ops (either ``transpose_b``) of equal batch.",
+    _build)
+CombineParallelConv2D = pass_factory(
+    "CombineParallelConv2D", "Merge sibling ``nn.conv2d`` ops (groups == 1), zero-padding smaller kernels.", _build)
+CombineParallelOps = pass_factory(
+    "CombineParallelOps", "Merge parallel dense, batch_matmul and conv2d branches in one pass.", _build)

@@ -66,3 +66,15 @@ def run_interpreter(mod: tvm.IRModule, inputs: Sequence[np.ndarray]) -> list[np.
     out = relay.create_executor("debug", mod=mod, device=tvm.cpu(), target=make_target("llvm")).evaluate()(*inputs)
     items = out if isinstance(out, (list, tuple, tvm.runtime.container.ADT)) else [out]
     return [o.numpy() for o in items]
+
+
+def relays_own_passes(mod: tvm.IRModule) -> tvm.IRModule:
+    """Relay's built-in combiners as a user would run them (after CSE, at opt_level 4)."""
+    seq = tvm.transform.Sequential([
+        relay.transform.EliminateCommonSubexpr(),
+        relay.transform.CombineParallelDense(min_num_branches=2, to_batch=False),
+        relay.transform.CombineParallelBatchMatmul(min_num_branches=2),
+        relay.transform.CombineParallelConv2D(min_num_branches=2),
+    ])
+    with tvm.transform.PassContext(opt_level=4):
+        return relay.transform.InferType()(seq(mod))
