@@ -31,7 +31,7 @@ def test_console_script_runs_the_default_bert():
     assert baseline[1] == "24" and combined[1] == "18"
     assert float(baseline[-1]) <= 1e-4 and float(combined[-1]) <= 1e-4
     assert "combined groups: 3" in out
-    assert out.count("3 x matmul -> add, widths [384, 384, 384]") == 3
+    assert out.count("3 x matmul -> add: input (1, 128, 384), weights 3 x (384, 384), widths [384, 384, 384]") == 3
     assert "[tvm-combiners] compiling combined for llvm" in proc.stderr  # progress lines
 
 

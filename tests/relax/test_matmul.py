@@ -288,3 +288,14 @@ def test_disabled_pass_is_skipped():
     with tvm.transform.PassContext(disabled_pass=["CombineParallelMatmul"]):
         out = tvm.transform.Sequential([CombineParallelMatmul()])(mod)
     assert ops(out, "matmul") == 3
+
+
+def test_to_batch_stacks_equal_branches():
+    mod = qkv(widths=(8, 8, 8), activation=R.nn.relu, const_weights=True)
+    mod2 = make_module({"x": ((5, 8), F32)}, lambda bb, x: [bb.emit(R.nn.relu(bb.emit(R.add(
+        bb.emit(R.matmul(x, _const((8, 6), i))), _const((6,), 9 + i))))) for i in range(3)])
+    new = CombineParallelMatmul(to_batch=True)(mod2)
+    assert ops(new, "matmul") == 1 and ops(new, "add") == 1 and ops(new, "nn.relu") == 1
+    assert ops(new, "expand_dims") == 1  # the input gets a leading axis of extent 1, nothing is repeated
+    assert_same_outputs(mod2, new, random_inputs(mod2))
+    assert ops(CombineParallelMatmul(to_batch=True)(mod), "matmul") == 3  # 3-D input: not stackable

@@ -30,7 +30,7 @@ def matmul_graphs(draw):
             "depends_on_previous": draw(st.integers(0, 9)) == 0,
             "also_output_root": draw(st.integers(0, 7)) == 0,
         })
-    return batch, k, branches, draw(st.integers(0, 2**16))
+    return batch, k, branches, draw(st.booleans()), draw(st.integers(0, 2**16))
 
 
 def follower(kind, y, n, const):
@@ -49,7 +49,7 @@ def follower(kind, y, n, const):
     return {"relu": R.nn.relu, "gelu": R.nn.gelu, "sigmoid": R.sigmoid}[kind](y)
 
 
-def build(batch, k, branches, seed):
+def build(batch, k, branches, to_batch, seed):
     rng = np.random.default_rng(seed)
 
     def const(shape):
@@ -88,10 +88,11 @@ def build(batch, k, branches, seed):
 @given(matmul_graphs())
 def test_random_matmul_branches(graph):
     mod = build(*graph)
-    new = CombineParallelOps()(mod)
+    combine = CombineParallelOps(to_batch=graph[3])
+    new = combine(mod)
     assert relax.analysis.check_well_formed(new)
     assert ops(new, "matmul") <= ops(mod, "matmul")
-    assert tvm_ffi.structural_equal(CombineParallelOps()(new), new)  # idempotent
+    assert tvm_ffi.structural_equal(combine(new), new)  # idempotent
     assert_same_outputs(mod, new, random_inputs(mod, seed=graph[-1]), atol=1e-4)
 
 

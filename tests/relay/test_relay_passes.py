@@ -207,3 +207,51 @@ def test_at_least_as_much_as_relays_own_passes(name, mod):
     assert_same_outputs(mod, ours, inputs, atol=1e-4)
     assert_same_outputs(their_mod, ours, inputs, atol=1e-4)
 
+
+
+# -- to_batch: stack branches of equal shape into one batch_matmul ------------------------------
+
+
+def test_to_batch_stacks_dense_branches_without_copying_the_input():
+    x = relay.var("x", shape=(5, 8))
+    outs = [relay.nn.relu(relay.nn.bias_add(relay.nn.dense(x, const((6, 8), i)), const((6,), 9 + i)))
+            for i in range(3)]
+    mod = make_module(outs, [x])
+    new = CombineParallelDense(to_batch=True)(mod)
+    assert ops(new, "nn.dense") == 0 and ops(new, "nn.batch_matmul") == 1
+    assert ops(new, "nn.relu") == 1
+    # the shared input is only given a leading axis of extent 1 (broadcast), never repeated per branch
+    assert ops(new, "expand_dims") == 1 and ops(new, "repeat") == 0 and ops(new, "tile") == 0
+    bmm_input = [e for e in _calls(new, "nn.batch_matmul")][0].args[0]
+    assert [int(d) for d in bmm_input.checked_type.shape] == [1, 5, 8]
+    assert_same_outputs(mod, new, random_inputs(mod))
+
+
+def test_to_batch_batch_matmul_and_different_widths():
+    xb = relay.var("xb", shape=(1, 4, 8))
+    outs = [relay.add(relay.nn.batch_matmul(xb, const((1, 6, 8), i)), const((6,), 5 + i)) for i in range(3)]
+    outs.append(relay.nn.batch_matmul(xb, const((1, 3, 8), 7)))  # a different width: not stacked
+    mod = make_module(outs, [xb])
+    new = CombineParallelBatchMatmul(to_batch=True)(mod)
+    assert ops(new, "nn.batch_matmul") == 2 and ops(new, "add") == 1
+    assert_same_outputs(mod, new, random_inputs(mod))
+
+
+def test_to_batch_matches_relays_own_to_batch():
+    x = relay.var("x", shape=(4, 8))
+    outs = [relay.nn.relu(relay.nn.dense(x, const((6, 8), i))) for i in range(3)]
+    mod = make_module(outs, [x])
+    with tvm.transform.PassContext(opt_level=4):
+        theirs = relay.transform.InferType()(relay.transform.CombineParallelDense(min_num_branches=2)(mod))
+    ours = CombineParallelDense(to_batch=True)(mod)
+    assert ops(theirs, "nn.batch_matmul") == ops(ours, "nn.batch_matmul") == 1
+    assert ops(ours, "stack") == 0  # theirs stacks the shared input once per branch; ours does not
+    assert_same_outputs(theirs, ours, random_inputs(mod))
+
+
+def _calls(mod, name):
+    found = []
+    relay.analysis.post_order_visit(
+        mod["main"], lambda e: isinstance(e, relay.Call) and isinstance(e.op, tvm.ir.Op) and e.op.name == name
+        and found.append(e))
+    return found

@@ -37,13 +37,13 @@ def dense_graphs(draw):
         "reshaped_input": draw(st.booleans()),
         "depends_on_previous": draw(st.integers(0, 9)) == 0,
     } for _ in range(draw(st.integers(1, 4)))]
-    return branches, draw(st.integers(0, 2**16))
+    return branches, draw(st.booleans()), draw(st.integers(0, 2**16))
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(dense_graphs())
 def test_random_dense_branches(graph):
-    branches, seed = graph
+    branches, to_batch, seed = graph
     rng = np.random.default_rng(seed)
 
     def const(shape):
@@ -64,7 +64,8 @@ def test_random_dense_branches(graph):
         outs.append(y)
         prev = y
     mod = make_module(outs, [x, x2])
-    new = CombineParallelOps()(mod)
-    assert ops(new, "nn.dense") <= ops(mod, "nn.dense")
-    assert unchanged(CombineParallelOps()(new), new)
+    combine = CombineParallelOps(to_batch=to_batch)
+    new = combine(mod)
+    assert ops(new, "nn.dense") + ops(new, "nn.batch_matmul") <= ops(mod, "nn.dense")
+    assert unchanged(combine(new), new)
     assert_same_outputs(mod, new, random_inputs(mod, seed), atol=1e-4)

@@ -24,12 +24,14 @@ class CombineOptions:
 
     ``max_branches`` caps how many branches one combined op covers, ``max_combined_bytes`` caps
     the size of its concatenated weight; a group that would exceed either is cut into several
-    combined ops. ``None`` means unlimited.
+    combined ops. ``None`` means unlimited. ``to_batch`` stacks branches of equal shapes into one
+    batched matmul (the shared input is broadcast, never copied) instead of concatenating them.
     """
 
     min_num_branches: int = 2
     max_branches: int | None = None
     max_combined_bytes: int | None = None
+    to_batch: bool = False
 
     def __post_init__(self) -> None:
         if self.min_num_branches < 2:
@@ -49,6 +51,7 @@ class SideOperand:
     ``shared``: equal in all branches and constant along the split axis, used once.
     ``concat``: one slice per branch along ``axis``. ``expand``: constant along the split axis
     but different per branch, so each is broadcast to ``shapes[b]`` and then concatenated.
+    ``stack`` (stacked plans): equal shapes, one slice per branch along a leading axis.
     """
 
     position: int  # in the combined follower (the first branch's order)
@@ -76,6 +79,7 @@ class CombinePlan:
     out_axis: int
     weight_axis: int
     alignment: KernelAlignment | None = None
+    stack: str | None = None  # set when branches are stacked into a batched op (RootInfo.stack)
 
     @property
     def ends(self) -> tuple[int, ...]:
@@ -122,7 +126,12 @@ class _Planner:
             if set(node.deps) != set(node.operands):
                 continue
             data = node.operands[info.data]
-            buckets.setdefault((self.values[data], info.key), []).append(node.index)
+            if self.options.to_batch:
+                if info.stack is None:
+                    continue
+                buckets.setdefault((self.values[data], info.key, info.width, "stack"), []).append(node.index)
+            else:
+                buckets.setdefault((self.values[data], info.key), []).append(node.index)
         plans: list[CombinePlan] = []
         for roots in buckets.values():
             plans.extend(self._plans_for_bucket(roots))
@@ -178,7 +187,9 @@ class _Planner:
                 return None
         widths = tuple(int(info.width) for info in infos)
         steps = self._steps(roots, widths, first.out_axis)
-        plan = CombinePlan(first.family, tuple(roots), widths, tuple(steps), first.out_axis, first.weight_axis, alignment)
+        stack = first.stack if opts.to_batch else None
+        plan = CombinePlan(first.family, tuple(roots), widths, tuple(steps), first.out_axis, first.weight_axis,
+                           alignment, stack)
         if not self._independent(plan):
             return None
         return plan
@@ -272,6 +283,12 @@ class _Planner:
         rank = len(shapes[0])
         if rank > out_rank or any(len(s) != rank for s in shapes):
             return None
+        if self.options.to_batch:  # stacked: any per-branch operand of one shape stacks
+            if placed is not None and placed != tuple(range(out_rank - rank, out_rank)):
+                return None  # only trailing (add-like) placement survives the extra leading axis
+            if len({self.values[o] for o in operands}) == 1:
+                return SideOperand(pos, "shared", sources=tuple(operands))
+            return SideOperand(pos, "stack", sources=tuple(operands)) if len(set(shapes)) == 1 else None
         if placed is not None:  # explicitly placed dims: shared when off the split axis, else per branch
             if axis not in placed:
                 return SideOperand(pos, "shared", sources=tuple(operands)) if len({self.values[o] for o in operands}) == 1 else None

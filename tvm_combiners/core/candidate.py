@@ -25,11 +25,22 @@ class CombineCandidate:
     followers: tuple[tuple[Any, ...], ...]
     widths: tuple[int, ...]
     follower_ops: tuple[str, ...]
+    input_shape: tuple | None = None
+    weight_shapes: tuple = ()
+    stacked: bool = False
 
     def describe(self) -> str:
-        """One line for reports: family, branch widths and the combined followers."""
+        """One line for reports: ops, input and weight shapes, branch widths."""
         chain = " -> ".join((self.family,) + self.follower_ops)
-        return f"{len(self.roots)} x {chain}, widths {list(self.widths)}"
+        shapes = {tuple(s) if s is not None else None for s in self.weight_shapes}
+        weights = f"{len(self.weight_shapes)} x {_fmt(self.weight_shapes[0])}" if len(shapes) == 1 else \
+            ", ".join(_fmt(s) for s in self.weight_shapes)
+        how = "stacked" if self.stacked else "widths"
+        return f"{len(self.roots)} x {chain}: input {_fmt(self.input_shape)}, weights {weights}, {how} {list(self.widths)}"
+
+
+def _fmt(shape: tuple | None) -> str:
+    return "?" if shape is None else "(" + ", ".join(str(d) for d in shape) + ")"
 
 
 def candidate_of(plan: CombinePlan, graph: Graph, expr_of: Callable[[int], Any]) -> CombineCandidate:
@@ -42,4 +53,7 @@ def candidate_of(plan: CombinePlan, graph: Graph, expr_of: Callable[[int], Any])
         followers=tuple(tuple(expr_of(step.nodes[b]) for step in plan.steps) for b in range(len(plan.roots))),
         widths=plan.widths,
         follower_ops=tuple(graph[step.nodes[0]].op for step in plan.steps),
+        input_shape=graph[first.operands[first.root.data]].shape,
+        weight_shapes=tuple(graph[graph[r].operands[graph[r].root.weight]].shape for r in plan.roots),
+        stacked=plan.stack is not None,
     )

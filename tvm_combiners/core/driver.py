@@ -26,12 +26,13 @@ class CombineSettings:
     """Validated options of one pass instance."""
 
     def __init__(self, pass_name: str, min_num_branches: int, max_branches: int | None,
-                 max_combined_bytes: int | None, check: Check | None, on_combine: Report | None) -> None:
+                 max_combined_bytes: int | None, check: Check | None, on_combine: Report | None,
+                 to_batch: bool = False) -> None:
         for label, fn in (("check", check), ("on_combine", on_combine)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{pass_name}: {label} must be callable or None, got {type(fn).__name__}")
         try:
-            self.options = CombineOptions(min_num_branches, max_branches, max_combined_bytes)
+            self.options = CombineOptions(min_num_branches, max_branches, max_combined_bytes, bool(to_batch))
         except ValueError as err:
             raise ValueError(f"{pass_name}: {err}") from None
         self.pass_name = pass_name
@@ -65,6 +66,9 @@ OPTIONS_DOC = """
         ``check(candidate) -> bool``; returning False vetoes that group.
     on_combine : callable, optional
         Called with every group that is combined (for reports and logging).
+    to_batch : bool
+        Stack branches of equal shapes into one batched matmul (the shared input is broadcast,
+        not copied) instead of concatenating weights; matmul/dense/batch_matmul only.
 
     Returns
     -------
@@ -76,8 +80,9 @@ def pass_factory(name: str, summary: str, build: Callable[[CombineSettings], Any
     """A public pass constructor: validates options, then lets the adapter ``build`` the pass."""
 
     def factory(min_num_branches: int = 2, max_branches: int | None = None, max_combined_bytes: int | None = None,
-                check: Check | None = None, on_combine: Report | None = None) -> Any:
-        return build(CombineSettings(name, min_num_branches, max_branches, max_combined_bytes, check, on_combine))
+                check: Check | None = None, on_combine: Report | None = None, to_batch: bool = False) -> Any:
+        return build(CombineSettings(name, min_num_branches, max_branches, max_combined_bytes, check, on_combine,
+                                     to_batch))
 
     factory.__name__ = factory.__qualname__ = name
     factory.__doc__ = summary + "\n" + OPTIONS_DOC

@@ -31,8 +31,10 @@ class PlanBuilder(Protocol):
         """A copy of the plan's first root reading ``data`` and the concatenated ``weight``
         (with the plan's kernel alignment for convolutions)."""
 
-    def combined_follower(self, template: int, operands: Sequence[Any]) -> Any:
-        """A copy of follower ``template`` with new operands."""
+    def combined_follower(self, plan: CombinePlan, template: int, operands: Sequence[Any]) -> Any:
+        """A copy of follower ``template`` with new operands (right-aligned when ``plan.stack``)."""
+
+    def reshape(self, value: Any, shape: Sequence[Dim]) -> Any: ...
 
     def split(self, value: Any, widths: Sequence[int], axis: int) -> list[Any]:
         """One piece per branch, in order."""
@@ -40,6 +42,8 @@ class PlanBuilder(Protocol):
 
 def emit_plan(plan: CombinePlan, graph: Graph, builder: PlanBuilder) -> list[Any]:
     """Build the combined op of ``plan``; return what replaces each branch's last node."""
+    if plan.stack is not None:
+        return _emit_stacked(plan, graph, builder)
     first = graph[plan.roots[0]]
     data = builder.value(first.operands[first.root.data])
     weights = []
@@ -67,5 +71,42 @@ def emit_plan(plan: CombinePlan, graph: Graph, builder: PlanBuilder) -> list[Any
             else:
                 expanded = [builder.broadcast(v, s) for v, s in zip(values, side.shapes)]
                 operands[side.position] = builder.concat(expanded, side.axis)
-        combined = builder.combined_follower(step.nodes[0], operands)
+        combined = builder.combined_follower(plan, step.nodes[0], operands)
     return builder.split(combined, plan.widths, plan.out_axis)
+
+
+def _emit_stacked(plan: CombinePlan, graph: Graph, builder: PlanBuilder) -> list[Any]:
+    """Branches of equal shape as one batched op over a leading axis of extent ``len(roots)``.
+
+    The shared input is only viewed with an extra axis of extent 1 and broadcast by the batched
+    matmul, never copied once per branch; per-branch operands are stacked on the leading axis.
+    """
+    first = graph[plan.roots[0]]
+    weights = []
+    for r in plan.roots:
+        node = graph[r]
+        weight = builder.value(node.operands[node.root.weight])
+        if plan.stack == "new":
+            weight = builder.reshape(weight, (1, *graph[node.operands[node.root.weight]].shape))
+        weights.append(weight)
+    data = builder.value(first.operands[first.root.data])
+    combined = builder.combined_root(plan, data, builder.concat(weights, 0))
+    rank = len(first.shape) + (1 if plan.stack == "new" else 0)
+    for step in plan.steps:
+        template = graph[step.nodes[0]]
+        if template.follower.identity:
+            continue
+        operands: list[Any] = [combined if i in step.carried else None for i in range(len(template.operands))]
+        for side in step.sides:
+            values = [builder.value(source) for source in side.sources]
+            if side.mode == "shared":
+                operands[side.position] = values[0]
+            else:
+                shape = graph[side.sources[0]].shape
+                lifted = [builder.reshape(v, (1,) * (rank - len(shape)) + tuple(shape)) for v in values]
+                operands[side.position] = builder.concat(lifted, 0)
+        combined = builder.combined_follower(plan, step.nodes[0], operands)
+    parts = builder.split(combined, [1] * len(plan.roots), 0)
+    if plan.stack == "batch":
+        return parts
+    return [builder.reshape(p, graph[end].shape) for p, end in zip(parts, plan.ends)]

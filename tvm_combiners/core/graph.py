@@ -23,6 +23,9 @@ class RootInfo:
     (its share of the combined output) and on ``weight_axis`` (its share of the combined weight).
     ``kernel`` is set for convolutions: per spatial axis ``(kernel size, pad before, pad after,
     dilation, stride)``, so kernels of different sizes can be aligned by zero padding.
+    ``stack`` says how branches of equal shape can instead be stacked into one batched op:
+    ``"new"`` (a new leading batch axis: 2-D matmuls) or ``"batch"`` (an existing batch axis of
+    extent 1 grows); None when they cannot.
     """
 
     family: str
@@ -34,6 +37,7 @@ class RootInfo:
     width: Dim
     kernel: tuple[tuple[int, int, int, int, int], ...] | None = None
     kernel_axes: tuple[int, ...] = ()
+    stack: str | None = None
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,12 @@ def matmul_root(
     if data[-1] != weight[k_axis]:
         return None
     full_key = (family, key, weight_transposed, weight[k_axis], tuple(weight[:-2]), len(data))
-    return RootInfo(family, 0, 1, full_key, len(out) - 1, n_axis, weight[n_axis])
+    stack = None
+    if family != "batch_matmul" and len(data) == 2:
+        stack = "new"  # [M, K] x [K, N] branches become one [n, M, N] batched matmul
+    elif family == "batch_matmul" and len(weight) == len(data) == 3 and weight[0] == data[0] == 1:
+        stack = "batch"
+    return RootInfo(family, 0, 1, full_key, len(out) - 1, n_axis, weight[n_axis], stack=stack)
 
 
 def conv2d_root(

@@ -69,6 +69,8 @@ class RelaxPlanBuilder:
     def combined_root(self, plan: CombinePlan, data: Any, weight: Any) -> Any:
         call = self.view.call_of(plan.roots[0])
         alignment = plan.alignment
+        if plan.stack == "new":
+            data = self._emit(relax.op.expand_dims(data, 0))  # broadcast by the batched matmul, not copied
         if alignment is None:
             return self._emit(relax.Call(call.op, [data, weight], call.attrs, call.ty_args))
         a = call.attrs
@@ -82,12 +84,19 @@ class RelaxPlanBuilder:
             )
         )
 
-    def combined_follower(self, template: int, operands: Sequence[Any]) -> Any:
+    def combined_follower(self, plan: CombinePlan, template: int, operands: Sequence[Any]) -> Any:
         call = self.view.call_of(template)
         args = list(call.args)
         for pos, operand in zip(self.view.arg_positions[template], operands):
             args[pos] = operand
         return self._emit(relax.Call(call.op, args, call.attrs, call.ty_args))
+
+    def reshape(self, value: Any, shape: Sequence[Dim]) -> Any:
+        if isinstance(value, Constant) and all(isinstance(d, int) for d in shape):
+            return relax.const(constant_array(value).reshape(tuple(shape)))
+        if not isinstance(value, relax.Var):
+            value = self._emit(value)  # a split's TupleGetItem: bind it before reshaping
+        return self._emit(relax.op.reshape(value, _shape_expr(shape)))
 
     def split(self, value: Any, widths: Sequence[int], axis: int) -> list[Any]:
         offsets = list(np.cumsum(widths[:-1]).tolist())

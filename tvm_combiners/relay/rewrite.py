@@ -50,6 +50,11 @@ class RelayPlanBuilder:
         alignment = plan.alignment
         a = call.attrs
         name = call.op.name
+        if plan.stack is not None:
+            transposed = name == "nn.dense" or bool(a.transpose_b)
+            if plan.stack == "new":
+                data = relay.expand_dims(data, 0)  # a view: broadcast by batch_matmul, not copied
+            return relay.nn.batch_matmul(data, weight, out_dtype=a.out_dtype, transpose_a=False, transpose_b=transposed)
         if name == "nn.dense":
             return relay.nn.dense(data, weight, units=None, out_dtype=a.out_dtype)
         if name == "nn.matmul":
@@ -64,12 +69,19 @@ class RelayPlanBuilder:
             )
         return relay.Call(call.op, [data, weight], call.attrs, call.type_args, call.span)
 
-    def combined_follower(self, template: int, operands: Sequence[Any]) -> Any:
+    def combined_follower(self, plan: CombinePlan, template: int, operands: Sequence[Any]) -> Any:
         call = self.view.expr_of(template)
+        if plan.stack is not None and call.op.name == "nn.bias_add":
+            return relay.add(operands[0], operands[1])  # the bias is trailing: right-aligned add is the same
         args = list(call.args)
         for pos, operand in zip(self.view.arg_positions[template], operands):
             args[pos] = operand
         return relay.Call(call.op, args, call.attrs, call.type_args, call.span)
+
+    def reshape(self, value: Any, shape: Sequence[Dim]) -> Any:
+        if isinstance(value, relay.Constant) and all(isinstance(d, int) for d in shape):
+            return relay.const(value.data.numpy().reshape(tuple(shape)))
+        return relay.reshape(value, [d.expr if isinstance(d, SymDim) else int(d) for d in shape])
 
     def split(self, value: Any, widths: Sequence[int], axis: int) -> list[Any]:
         offsets = [int(x) for x in np.cumsum(widths[:-1])]
