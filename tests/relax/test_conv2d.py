@@ -138,3 +138,18 @@ def test_inception_block_three_1x1_become_one():
     assert ops(mod, "nn.conv2d") == 6 and ops(new, "nn.conv2d") == 4
     assert len(got) == 1 and got[0].widths == (16, 12, 4) and got[0].follower_ops == ("nn.relu",)
     assert_same_outputs(mod, new, random_inputs(mod), atol=1e-4)
+
+
+def test_combined_modules_compile_for_cuda_and_run_where_a_gpu_exists():
+    from tvm_combiners.relax.runner import compile_module, has_gpu, run_vm
+
+    mod = inception_block()
+    new = CombineParallelOps()(mod)
+    executable = compile_module(new, "cuda")  # nvcc is on every machine; a GPU is not
+    if not has_gpu():
+        pytest.skip("compiled for cuda; no GPU here to run it")
+    inputs = random_inputs(mod)
+    got = run_vm(executable, inputs, "cuda")
+    want = run_vm(compile_module(mod, "llvm"), inputs)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, atol=1e-3)

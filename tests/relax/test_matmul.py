@@ -111,6 +111,12 @@ def test_one_dimensional_lhs():
     assert_same_outputs(mod, new, random_inputs(mod))
 
 
+def test_one_dimensional_weights_are_left_alone():
+    mod = make_module({"x": ((3, 8), F32), "w0": ((8,), F32), "w1": ((8,), F32)},
+                      lambda bb, x, w0, w1: [bb.emit(R.matmul(x, w0)), bb.emit(R.matmul(x, w1))])
+    assert tvm_ffi_equal(CombineParallelOps()(mod), mod)
+
+
 def test_structurally_equal_inputs_group_together():
     def body(bb, x, w0, w1):
         x0 = bb.emit(R.reshape(x, (6, 8)))

@@ -26,7 +26,7 @@ def _build(settings: CombineSettings) -> tvm.transform.Pass:
         mod = relay.transform.InferType()(mod)
         updates = {}
         for gv, func in mod.functions.items():
-            if isinstance(func, relay.Function) and not func.attrs or isinstance(func, relay.Function) and "Primitive" not in func.attrs:
+            if isinstance(func, relay.Function) and not (func.attrs and "Primitive" in func.attrs):
                 new = rewrite_function(func)
                 if not new.same_as(func):
                     updates[gv] = new
