@@ -304,4 +304,6 @@ def test_to_batch_stacks_equal_branches():
     assert ops(new, "matmul") == 1 and ops(new, "add") == 1 and ops(new, "nn.relu") == 1
     assert ops(new, "expand_dims") == 1  # the input gets a leading axis of extent 1, nothing is repeated
     assert_same_outputs(mod2, new, random_inputs(mod2))
-    assert ops(CombineParallelMatmul(to_batch=True)(mod), "matmul") == 3  # 3-D input: not stackable
+    groups = []
+    assert ops(CombineParallelMatmul(to_batch=True, on_combine=groups.append)(mod), "matmul") == 1
+    assert [g.stacked for g in groups] == [False]  # a 3-D input cannot stack: concatenated as usual

@@ -126,26 +126,24 @@ class _Planner:
             if set(node.deps) != set(node.operands):
                 continue
             data = node.operands[info.data]
-            if self.options.to_batch:
-                if info.stack is None:
-                    continue
-                buckets.setdefault((self.values[data], info.key, info.width, "stack"), []).append(node.index)
-            else:
-                buckets.setdefault((self.values[data], info.key), []).append(node.index)
+            if self.options.to_batch and info.stack is not None:  # stacking needs equal widths
+                buckets.setdefault((self.values[data], info.key, info.width, True), []).append(node.index)
+            else:  # everything else (convolutions, 3-D inputs) concatenates as usual
+                buckets.setdefault((self.values[data], info.key, None, False), []).append(node.index)
         plans: list[CombinePlan] = []
-        for roots in buckets.values():
-            plans.extend(self._plans_for_bucket(roots))
+        for (_, _, _, stacked), roots in buckets.items():
+            plans.extend(self._plans_for_bucket(roots, stacked))
         plans.sort(key=lambda p: p.roots[0])
         return plans
 
-    def _plans_for_bucket(self, roots: list[int]) -> list[CombinePlan]:
+    def _plans_for_bucket(self, roots: list[int], stacked: bool) -> list[CombinePlan]:
         plans: list[CombinePlan] = []
         remaining = [r for r in roots if r not in self.taken]
         while len(remaining) >= self.options.min_num_branches:
             chosen = [remaining[0]]
             plan: CombinePlan | None = None
             for candidate in remaining[1:]:
-                trial = self._plan(chosen + [candidate])
+                trial = self._plan(chosen + [candidate], stacked)
                 if trial is not None:
                     chosen.append(candidate)
                     plan = trial
@@ -170,7 +168,7 @@ class _Planner:
             return int(self.graph[users[0]].split_sections)
         return 1
 
-    def _plan(self, roots: list[int]) -> CombinePlan | None:
+    def _plan(self, roots: list[int], stacked: bool) -> CombinePlan | None:
         opts = self.options
         if opts.max_branches is not None and sum(self._branch_count(r) for r in roots) > opts.max_branches:
             return None
@@ -186,10 +184,9 @@ class _Planner:
             if total is None or total > opts.max_combined_bytes:
                 return None
         widths = tuple(int(info.width) for info in infos)
-        steps = self._steps(roots, widths, first.out_axis)
-        stack = first.stack if opts.to_batch else None
+        steps = self._steps(roots, widths, first.out_axis, stacked)
         plan = CombinePlan(first.family, tuple(roots), widths, tuple(steps), first.out_axis, first.weight_axis,
-                           alignment, stack)
+                           alignment, first.stack if stacked else None)
         if not self._independent(plan):
             return None
         return plan
@@ -227,7 +224,7 @@ class _Planner:
                 return chain
             chain.append(nxt.index)
 
-    def _steps(self, roots: list[int], widths: tuple[int, ...], axis: int) -> list[FollowerStep]:
+    def _steps(self, roots: list[int], widths: tuple[int, ...], axis: int, stacked: bool) -> list[FollowerStep]:
         chains = [self._chain(r) for r in roots]
         on_branches = {n for c in chains for n in c}
         steps: list[FollowerStep] = []
@@ -236,14 +233,15 @@ class _Planner:
             nodes = [c[depth] for c in chains]
             if len(set(nodes)) != len(nodes):
                 break  # one op joins two branches: that is where the branches end
-            step = self._step(nodes, [c[depth - 1] for c in chains], widths, axis)
+            step = self._step(nodes, [c[depth - 1] for c in chains], widths, axis, stacked)
             if step is None or any(src in on_branches for side in step.sides for src in side.sources):
                 break
             steps.append(step)
             depth += 1
         return steps
 
-    def _step(self, nodes: list[int], prevs: list[int], widths: tuple[int, ...], axis: int) -> FollowerStep | None:
+    def _step(self, nodes: list[int], prevs: list[int], widths: tuple[int, ...], axis: int,
+              stacked: bool) -> FollowerStep | None:
         g = self.graph
         first = g[nodes[0]]
         carried = tuple(i for i, o in enumerate(first.operands) if o == prevs[0])
@@ -268,14 +266,14 @@ class _Planner:
                 continue
             placed = dict(first.follower.operand_axes).get(pos)
             sources = [g[n].operands[order[pos]] for n, order in zip(nodes, orders)]
-            side = self._side(sources, pos, widths, axis, out_rank, placed)
+            side = self._side(sources, pos, widths, axis, out_rank, placed, stacked)
             if side is None:
                 return None
             sides.append(side)
         return FollowerStep(tuple(nodes), carried, tuple(sides))
 
     def _side(self, operands: list[int], pos: int, widths: tuple[int, ...], axis: int, out_rank: int,
-              placed: tuple[int, ...] | None) -> SideOperand | None:
+              placed: tuple[int, ...] | None, stacked: bool) -> SideOperand | None:
         g = self.graph
         shapes = [g[o].shape for o in operands]
         if any(s is None for s in shapes) or len({g[o].dtype for o in operands}) != 1:
@@ -283,7 +281,7 @@ class _Planner:
         rank = len(shapes[0])
         if rank > out_rank or any(len(s) != rank for s in shapes):
             return None
-        if self.options.to_batch:  # stacked: any per-branch operand of one shape stacks
+        if stacked:  # any per-branch operand of one shape stacks on the leading axis
             if placed is not None and placed != tuple(range(out_rank - rank, out_rank)):
                 return None  # only trailing (add-like) placement survives the extra leading axis
             if len({self.values[o] for o in operands}) == 1:

@@ -68,7 +68,8 @@ OPTIONS_DOC = """
         Called with every group that is combined (for reports and logging).
     to_batch : bool
         Stack branches of equal shapes into one batched matmul (the shared input is broadcast,
-        not copied) instead of concatenating weights; matmul/dense/batch_matmul only.
+        not copied) instead of concatenating weights. Applies to 2-D matmul/dense inputs and
+        batch_matmul of batch 1; other groups (convolutions included) concatenate as usual.
 
     Returns
     -------
