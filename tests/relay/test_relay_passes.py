@@ -249,6 +249,19 @@ def test_to_batch_matches_relays_own_to_batch():
     assert_same_outputs(theirs, ours, random_inputs(mod))
 
 
+def test_to_batch_is_idempotent_with_two_stacks_on_one_input():
+    # found by hypothesis: two stacks of different widths share an input; a second run must not
+    # concatenate the two stacked results
+    x = relay.var("x", shape=(3, 6))
+    mod = make_module([relay.nn.dense(relay.reshape(x, (3, 6)), const((n, 6), i)) for i, n in enumerate((2, 1, 1, 2))],
+                      [x])
+    combine = CombineParallelOps(to_batch=True)
+    once = combine(mod)
+    assert ops(once, "nn.batch_matmul") == 2 and ops(once, "nn.dense") == 0
+    assert unchanged(combine(once), once)
+    assert_same_outputs(mod, once, random_inputs(mod))
+
+
 def _calls(mod, name):
     found = []
     relay.analysis.post_order_visit(

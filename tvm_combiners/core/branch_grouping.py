@@ -128,6 +128,8 @@ class _Planner:
             data = node.operands[info.data]
             if self.options.to_batch and info.stack is not None:  # stacking needs equal widths
                 buckets.setdefault((self.values[data], info.key, info.width, True), []).append(node.index)
+            elif self.options.to_batch and self._branch_count(node.index) > 1:
+                continue  # an earlier stacking's result: concatenating stacks is not what to_batch asks
             else:  # everything else (convolutions, 3-D inputs) concatenates as usual
                 buckets.setdefault((self.values[data], info.key, None, False), []).append(node.index)
         plans: list[CombinePlan] = []

@@ -6,7 +6,8 @@ this package only ever look at this view, so they are written once for both IRs.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+import math
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -207,3 +208,15 @@ def bitset(indices: Sequence[int]) -> int:
     for i in indices:
         bits |= 1 << i
     return bits
+
+
+def constant_key(shape: Sequence[Dim] | None, load: Callable[[], Any], max_elements: int = 64) -> Hashable | None:
+    """Value key of a small constant, so equal scalars written twice count as one value.
+
+    ``load`` returns the numpy value and is called only for small constants: large ones stay
+    identity-keyed, since reading and hashing their bytes would cost more than it finds.
+    """
+    if shape is None or any(not isinstance(d, int) for d in shape) or math.prod(shape) > max_elements:
+        return None
+    array = load()
+    return ("constant", str(array.dtype), tuple(array.shape), array.tobytes())

@@ -10,7 +10,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from ..core.graph import Dim, FollowerInfo, Graph, RootInfo
+from ..core.graph import Dim, FollowerInfo, Graph, RootInfo, constant_key
 from ..core.op_tables import COMMUTATIVE, FOLLOWERS
 from ..core.root_specs import conv2d_root, matmul_root
 from ..core.struct_key import StructKey, SymDim
@@ -69,7 +69,9 @@ def build_block_view(block: relax.DataflowBlock) -> BlockView:
     def leaf(expr: Any) -> int:
         if expr not in index:
             ty = expr.ty
-            node = graph.add(op=type(expr).__name__, operands=(), deps=(), shape=dims_of(ty), dtype=dtype_of(ty), handle=expr)
+            key = constant_key(dims_of(ty), lambda: constant_array(expr)) if isinstance(expr, Constant) else None
+            node = graph.add(op=type(expr).__name__, operands=(), deps=(), shape=dims_of(ty), dtype=dtype_of(ty),
+                             value_key=key, handle=expr)
             index[expr] = node.index
             bindings.append(None)
         return index[expr]

@@ -8,7 +8,7 @@ from typing import Any
 import tvm
 from tvm import relay
 
-from ..core.graph import Dim, FollowerInfo, Graph, RootInfo
+from ..core.graph import Dim, FollowerInfo, Graph, RootInfo, constant_key
 from ..core.op_tables import COMMUTATIVE, FOLLOWERS
 from ..core.root_specs import conv2d_root, matmul_root
 from ..core.struct_key import StructKey, SymDim
@@ -89,8 +89,9 @@ def build_body_view(body: relay.Expr) -> BodyView:
         elif isinstance(expr, (relay.Call, relay.Tuple, relay.TupleGetItem)):
             key = ("tuple",) if isinstance(expr, relay.Tuple) else ("get", expr.index) if isinstance(expr, relay.TupleGetItem) else None
             node = graph.add(op=type(expr).__name__, operands=(), deps=deps, value_key=key, **kwargs)
-        else:  # Var, Constant, GlobalVar: leaves, equal only to themselves
-            node = graph.add(op=type(expr).__name__, operands=(), deps=(), **kwargs)
+        else:  # Var, GlobalVar: leaves equal only to themselves; small constants compare by value
+            key = constant_key(kwargs["shape"], expr.data.numpy) if isinstance(expr, relay.Constant) else None
+            node = graph.add(op=type(expr).__name__, operands=(), deps=(), value_key=key, **kwargs)
             view.leaves.add(node.index)
         node.handle = expr
         index[expr] = node.index
