@@ -61,3 +61,13 @@ def test_cuda_target_compiles_and_says_when_it_cannot_run(capsys):
     assert re.search(r"^combined\s+18\s", out, re.M)
     if not has_gpu():
         assert "no CUDA GPU here: compiled with nvcc, not executed" in out
+
+
+def test_relay_in_the_main_environment_names_the_right_one(capsys):
+    try:
+        import tvm.relay  # noqa: F401
+    except ImportError:
+        assert main(["run", "--ir", "relay"]) == 2
+        assert "tvm_combiners.relay needs a TVM build with Relay" in capsys.readouterr().err
+    else:
+        pytest.skip("this TVM has Relay")

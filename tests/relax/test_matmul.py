@@ -262,6 +262,8 @@ def test_bad_options_raise_clear_errors():
         CombineParallelOps(max_combined_bytes=0)
     with pytest.raises(TypeError, match="CombineParallelMatmul: check must be callable or None, got int"):
         CombineParallelMatmul(check=3)
+    with pytest.raises(TypeError, match="CombineParallelOps: max_branches must be an int or None, got str '4'"):
+        CombineParallelOps(max_branches="4")
 
 
 # -- pass infrastructure ----------------------------------------------------------------------

@@ -34,6 +34,11 @@ class CombineOptions:
     to_batch: bool = False
 
     def __post_init__(self) -> None:
+        for name in ("min_num_branches", "max_branches", "max_combined_bytes"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TypeError(f"{name} must be an int{'' if name == 'min_num_branches' else ' or None'}, "
+                                f"got {type(value).__name__} {value!r}")
         if self.min_num_branches < 2:
             raise ValueError(f"min_num_branches must be >= 2, got {self.min_num_branches}")
         if self.max_branches is not None and self.max_branches < self.min_num_branches:

@@ -33,8 +33,8 @@ class CombineSettings:
                 raise TypeError(f"{pass_name}: {label} must be callable or None, got {type(fn).__name__}")
         try:
             self.options = CombineOptions(min_num_branches, max_branches, max_combined_bytes, bool(to_batch))
-        except ValueError as err:
-            raise ValueError(f"{pass_name}: {err}") from None
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"{pass_name}: {err}") from None
         self.pass_name = pass_name
         self.families: Sequence[str] = FAMILIES[pass_name]
         self.check = check

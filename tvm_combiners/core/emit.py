@@ -41,22 +41,15 @@ class PlanBuilder(Protocol):
 
 
 def emit_plan(plan: CombinePlan, graph: Graph, builder: PlanBuilder) -> list[Any]:
-    """Build the combined op of ``plan``; return what replaces each branch's last node."""
-    if plan.stack is not None:
-        return _emit_stacked(plan, graph, builder)
-    first = graph[plan.roots[0]]
-    data = builder.value(first.operands[first.root.data])
-    weights = []
-    for b, r in enumerate(plan.roots):
-        node = graph[r]
-        weight = builder.value(node.operands[node.root.weight])
-        if plan.alignment is not None and any(p != (0, 0) for p in plan.alignment.weight_pads[b]):
-            pads = [(0, 0)] * len(graph[node.operands[node.root.weight]].shape)
-            for axis, pad in zip(node.root.kernel_axes, plan.alignment.weight_pads[b]):
-                pads[axis] = pad
-            weight = builder.pad(weight, pads)
-        weights.append(weight)
-    combined = builder.combined_root(plan, data, builder.concat(weights, plan.weight_axis))
+    """Build the combined op of ``plan``; return what replaces each branch's last node.
+
+    Concatenated plans put branches side by side on the split axis. Stacked plans (``to_batch``)
+    put branches of equal shape on a new leading axis of a batched op: the shared input is only
+    viewed with an extra axis of extent 1 and broadcast, never copied once per branch.
+    """
+    stacked = plan.stack is not None
+    combined = (_stacked_root if stacked else _concatenated_root)(plan, graph, builder)
+    rank = len(graph[plan.roots[0]].shape) + (1 if plan.stack == "new" else 0)
     for step in plan.steps:
         template = graph[step.nodes[0]]
         if template.follower.identity:
@@ -68,45 +61,50 @@ def emit_plan(plan: CombinePlan, graph: Graph, builder: PlanBuilder) -> list[Any
                 operands[side.position] = values[0]
             elif side.mode == "concat":
                 operands[side.position] = builder.concat(values, side.axis)
-            else:
+            elif side.mode == "expand":
                 expanded = [builder.broadcast(v, s) for v, s in zip(values, side.shapes)]
                 operands[side.position] = builder.concat(expanded, side.axis)
-        combined = builder.combined_follower(plan, step.nodes[0], operands)
-    return builder.split(combined, plan.widths, plan.out_axis)
-
-
-def _emit_stacked(plan: CombinePlan, graph: Graph, builder: PlanBuilder) -> list[Any]:
-    """Branches of equal shape as one batched op over a leading axis of extent ``len(roots)``.
-
-    The shared input is only viewed with an extra axis of extent 1 and broadcast by the batched
-    matmul, never copied once per branch; per-branch operands are stacked on the leading axis.
-    """
-    first = graph[plan.roots[0]]
-    weights = []
-    for r in plan.roots:
-        node = graph[r]
-        weight = builder.value(node.operands[node.root.weight])
-        if plan.stack == "new":
-            weight = builder.reshape(weight, (1, *graph[node.operands[node.root.weight]].shape))
-        weights.append(weight)
-    data = builder.value(first.operands[first.root.data])
-    combined = builder.combined_root(plan, data, builder.concat(weights, 0))
-    rank = len(first.shape) + (1 if plan.stack == "new" else 0)
-    for step in plan.steps:
-        template = graph[step.nodes[0]]
-        if template.follower.identity:
-            continue
-        operands: list[Any] = [combined if i in step.carried else None for i in range(len(template.operands))]
-        for side in step.sides:
-            values = [builder.value(source) for source in side.sources]
-            if side.mode == "shared":
-                operands[side.position] = values[0]
-            else:
-                shape = graph[side.sources[0]].shape
-                lifted = [builder.reshape(v, (1,) * (rank - len(shape)) + tuple(shape)) for v in values]
+            else:  # stack: lift each to the combined rank, one slice per branch on axis 0
+                shape = tuple(graph[side.sources[0]].shape)
+                lifted = [builder.reshape(v, (1,) * (rank - len(shape)) + shape) for v in values]
                 operands[side.position] = builder.concat(lifted, 0)
         combined = builder.combined_follower(plan, step.nodes[0], operands)
+    if not stacked:
+        return builder.split(combined, plan.widths, plan.out_axis)
     parts = builder.split(combined, [1] * len(plan.roots), 0)
     if plan.stack == "batch":
         return parts
     return [builder.reshape(p, graph[end].shape) for p, end in zip(parts, plan.ends)]
+
+
+def _weight(graph: Graph, root: int) -> tuple[int, tuple]:
+    node = graph[root]
+    weight = node.operands[node.root.weight]
+    return weight, tuple(graph[weight].shape)
+
+
+def _concatenated_root(plan: CombinePlan, graph: Graph, builder: PlanBuilder) -> Any:
+    weights = []
+    for b, r in enumerate(plan.roots):
+        node, (weight_node, shape) = graph[r], _weight(graph, r)
+        weight = builder.value(weight_node)
+        if plan.alignment is not None and any(p != (0, 0) for p in plan.alignment.weight_pads[b]):
+            pads = [(0, 0)] * len(shape)
+            for axis, pad in zip(node.root.kernel_axes, plan.alignment.weight_pads[b]):
+                pads[axis] = pad
+            weight = builder.pad(weight, pads)
+        weights.append(weight)
+    first = graph[plan.roots[0]]
+    data = builder.value(first.operands[first.root.data])
+    return builder.combined_root(plan, data, builder.concat(weights, plan.weight_axis))
+
+
+def _stacked_root(plan: CombinePlan, graph: Graph, builder: PlanBuilder) -> Any:
+    weights = []
+    for r in plan.roots:
+        weight_node, shape = _weight(graph, r)
+        weight = builder.value(weight_node)
+        weights.append(builder.reshape(weight, (1, *shape)) if plan.stack == "new" else weight)
+    first = graph[plan.roots[0]]
+    data = builder.value(first.operands[first.root.data])
+    return builder.combined_root(plan, data, builder.concat(weights, 0))
