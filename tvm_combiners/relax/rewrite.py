@@ -10,6 +10,7 @@ from tvm import relax
 
 from ..core.branch_grouping import CombinePlan
 from ..core.emit import emit_plan
+from ..core.folding_builder import FoldingBuilder
 from ..core.graph import Dim
 from ..core.schedule import schedule
 from ..core.struct_key import SymDim
@@ -20,11 +21,11 @@ def _shape_expr(dims: Sequence[Dim]) -> relax.ShapeExpr:
     return relax.ShapeExpr([d.expr if isinstance(d, SymDim) else int(d) for d in dims])
 
 
-class RelaxPlanBuilder:
+class RelaxPlanBuilder(FoldingBuilder):
     """Builds combined ops as new bindings appended to ``bindings``.
 
-    Constant operands are concatenated, padded and broadcast with numpy right here, so the
-    compiled module holds one constant weight instead of a per-call concatenation.
+    Constant operands are concatenated, padded and broadcast with numpy (``FoldingBuilder``), so
+    the compiled module holds one constant weight instead of a per-call concatenation.
     """
 
     def __init__(self, view: BlockView, bindings: list[relax.Binding], name: str) -> None:
@@ -47,24 +48,25 @@ class RelaxPlanBuilder:
     def value(self, node: int) -> Any:
         return self.view.graph[node].handle
 
-    def concat(self, parts: Sequence[Any], axis: int) -> Any:
-        if len(parts) == 1:
-            return parts[0]
-        if all(isinstance(p, Constant) for p in parts):
-            return relax.const(np.concatenate([constant_array(p) for p in parts], axis=axis))
+    def constant_value(self, value: Any) -> np.ndarray | None:
+        return constant_array(value) if isinstance(value, Constant) else None
+
+    def make_constant(self, array: np.ndarray) -> Any:
+        return relax.const(array)
+
+    def emit_concat(self, parts: Sequence[Any], axis: int) -> Any:
         return self._emit(relax.op.concat(list(parts), axis=axis))
 
-    def pad(self, value: Any, pads: Sequence[tuple[int, int]]) -> Any:
-        if isinstance(value, Constant):
-            return relax.const(np.pad(constant_array(value), pads))
+    def emit_pad(self, value: Any, pads: Sequence[tuple[int, int]]) -> Any:
         return self._emit(relax.op.nn.pad(value, [p for pair in pads for p in pair], pad_value=0.0))
 
-    def broadcast(self, value: Any, shape: Sequence[Dim]) -> Any:
-        if isinstance(value, Constant) and all(isinstance(d, int) for d in shape):
-            array = constant_array(value)
-            array = array.reshape((1,) * (len(shape) - array.ndim) + array.shape)
-            return relax.const(np.ascontiguousarray(np.broadcast_to(array, tuple(shape))))
+    def emit_broadcast(self, value: Any, shape: Sequence[Dim]) -> Any:
         return self._emit(relax.op.broadcast_to(value, _shape_expr(shape)))
+
+    def emit_reshape(self, value: Any, shape: Sequence[Dim]) -> Any:
+        if not isinstance(value, relax.Var):
+            value = self._emit(value)  # a split's TupleGetItem: bind it before reshaping
+        return self._emit(relax.op.reshape(value, _shape_expr(shape)))
 
     def combined_root(self, plan: CombinePlan, data: Any, weight: Any) -> Any:
         call = self.view.call_of(plan.roots[0])
@@ -90,13 +92,6 @@ class RelaxPlanBuilder:
         for pos, operand in zip(self.view.arg_positions[template], operands):
             args[pos] = operand
         return self._emit(relax.Call(call.op, args, call.attrs, call.ty_args))
-
-    def reshape(self, value: Any, shape: Sequence[Dim]) -> Any:
-        if isinstance(value, Constant) and all(isinstance(d, int) for d in shape):
-            return relax.const(constant_array(value).reshape(tuple(shape)))
-        if not isinstance(value, relax.Var):
-            value = self._emit(value)  # a split's TupleGetItem: bind it before reshaping
-        return self._emit(relax.op.reshape(value, _shape_expr(shape)))
 
     def split(self, value: Any, widths: Sequence[int], axis: int) -> list[Any]:
         offsets = list(np.cumsum(widths[:-1]).tolist())

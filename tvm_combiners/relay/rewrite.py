@@ -10,13 +10,18 @@ from tvm import relay
 
 from ..core.branch_grouping import CombinePlan
 from ..core.emit import emit_plan
+from ..core.folding_builder import FoldingBuilder
 from ..core.graph import Dim
 from ..core.schedule import schedule
 from ..core.struct_key import SymDim
 from .graph_view import BodyView
 
 
-class RelayPlanBuilder:
+def _dims(shape: Sequence[Dim]) -> list[Any]:
+    return [d.expr if isinstance(d, SymDim) else int(d) for d in shape]
+
+
+class RelayPlanBuilder(FoldingBuilder):
     """Builds combined ops as Relay expressions; constant operands are folded with numpy."""
 
     def __init__(self, view: BodyView, new: dict[int, Any]) -> None:
@@ -26,24 +31,23 @@ class RelayPlanBuilder:
     def value(self, node: int) -> Any:
         return self.new[node]
 
-    def concat(self, parts: Sequence[Any], axis: int) -> Any:
-        if len(parts) == 1:
-            return parts[0]
-        if all(isinstance(p, relay.Constant) for p in parts):
-            return relay.const(np.concatenate([p.data.numpy() for p in parts], axis=axis))
+    def constant_value(self, value: Any) -> np.ndarray | None:
+        return value.data.numpy() if isinstance(value, relay.Constant) else None
+
+    def make_constant(self, array: np.ndarray) -> Any:
+        return relay.const(array)
+
+    def emit_concat(self, parts: Sequence[Any], axis: int) -> Any:
         return relay.concatenate(list(parts), axis=axis)
 
-    def pad(self, value: Any, pads: Sequence[tuple[int, int]]) -> Any:
-        if isinstance(value, relay.Constant):
-            return relay.const(np.pad(value.data.numpy(), pads))
+    def emit_pad(self, value: Any, pads: Sequence[tuple[int, int]]) -> Any:
         return relay.nn.pad(value, [list(p) for p in pads], pad_value=0.0)
 
-    def broadcast(self, value: Any, shape: Sequence[Dim]) -> Any:
-        if isinstance(value, relay.Constant) and all(isinstance(d, int) for d in shape):
-            array = value.data.numpy()
-            array = array.reshape((1,) * (len(shape) - array.ndim) + array.shape)
-            return relay.const(np.ascontiguousarray(np.broadcast_to(array, tuple(shape))))
-        return relay.broadcast_to(value, [d.expr if isinstance(d, SymDim) else int(d) for d in shape])
+    def emit_broadcast(self, value: Any, shape: Sequence[Dim]) -> Any:
+        return relay.broadcast_to(value, _dims(shape))
+
+    def emit_reshape(self, value: Any, shape: Sequence[Dim]) -> Any:
+        return relay.reshape(value, _dims(shape))
 
     def combined_root(self, plan: CombinePlan, data: Any, weight: Any) -> Any:
         call = self.view.expr_of(plan.roots[0])
@@ -77,11 +81,6 @@ class RelayPlanBuilder:
         for pos, operand in zip(self.view.arg_positions[template], operands):
             args[pos] = operand
         return relay.Call(call.op, args, call.attrs, call.type_args, call.span)
-
-    def reshape(self, value: Any, shape: Sequence[Dim]) -> Any:
-        if isinstance(value, relay.Constant) and all(isinstance(d, int) for d in shape):
-            return relay.const(value.data.numpy().reshape(tuple(shape)))
-        return relay.reshape(value, [d.expr if isinstance(d, SymDim) else int(d) for d in shape])
 
     def split(self, value: Any, widths: Sequence[int], axis: int) -> list[Any]:
         offsets = [int(x) for x in np.cumsum(widths[:-1])]
