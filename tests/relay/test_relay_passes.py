@@ -1,5 +1,6 @@
 """The Relay passes on hand-built graphs: dense, matmul, batch_matmul, conv2d, followers, limits."""
 
+import numpy as np
 import pytest
 import tvm
 from helpers import assert_same_outputs, const, make_module, ops, random_inputs, unchanged
@@ -268,3 +269,30 @@ def _calls(mod, name):
         mod["main"], lambda e: isinstance(e, relay.Call) and isinstance(e.op, tvm.ir.Op) and e.op.name == name
         and found.append(e))
     return found
+
+
+def test_dynamic_batch_roots_combine_and_run_in_the_vm():
+    from tvm_combiners.relay.runner import run_vm
+
+    x = relay.var("x", shape=(relay.Any(), 8))
+    outs = [relay.nn.relu(relay.nn.dense(x, const((n, 8), n))) for n in (3, 5)]
+    mod = make_module(outs, [x])
+    new = CombineParallelDense()(mod)
+    assert ops(new, "nn.dense") == 1  # the split axis is static; followers on ? shapes stay per branch
+    batched = CombineParallelDense(to_batch=True)(mod)  # a stack cannot be reshaped back to ?: concatenated
+    assert ops(batched, "nn.batch_matmul") == 0 and ops(batched, "nn.dense") == 1
+    for batch in (1, 4):
+        inputs = {"x": np.random.default_rng(batch).standard_normal((batch, 8)).astype("float32")}
+        for got, want in zip(run_vm(new, None, inputs), run_vm(mod, None, inputs)):
+            np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_determinism_and_branch_consumed_by_later_branch():
+    x = relay.var("x", shape=(3, 8))
+    a = relay.nn.dense(x, const((4, 8), 0))
+    b = relay.nn.dense(x, const((4, 8), 1))
+    mod = make_module([relay.add(b, a)], [x])  # the follower of b reads a: it must stay outside
+    new = CombineParallelDense()(mod)
+    assert ops(new, "nn.dense") == 1 and ops(new, "add") == 1
+    assert unchanged(CombineParallelDense()(mod), new)  # the same input gives the same output
+    assert_same_outputs(mod, new, random_inputs(mod))

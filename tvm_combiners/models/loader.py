@@ -175,7 +175,8 @@ def import_relay(model: onnx.ModelProto, params_as_inputs: bool = False) -> tupl
     """
     from tvm import relay
 
-    shape_dict = {name: dims for name, (dims, _) in input_specs(model).items()}
+    shape_dict = {name: [d if isinstance(d, int) else relay.Any() for d in dims]
+                  for name, (dims, _) in input_specs(model).items()}
     mod, params = relay.frontend.from_onnx(model, shape=shape_dict, freeze_params=True)
     if params_as_inputs:
         mod, params = _constants_to_params(mod)

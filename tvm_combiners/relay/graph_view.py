@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +24,16 @@ def struct_key(obj: Any) -> StructKey:
     return StructKey(obj, tvm.ir.structural_hash, tvm.ir.structural_equal)
 
 
+_unknown = itertools.count()
+
+
 def dims_of(ty: Any) -> tuple[Dim, ...] | None:
+    """Static ints and symbolic dims; every ``?`` (relay.Any) is a dim of its own.
+
+    Type inference shares one Any object between dims that need not be equal at run time, so
+    two ``?`` never compare equal: roots over dynamic batches still combine (their split axis is
+    static), followers whose shapes involve ``?`` do not.
+    """
     if not isinstance(ty, relay.TensorType):
         return None
     dims: list[Dim] = []
@@ -30,7 +41,7 @@ def dims_of(ty: Any) -> tuple[Dim, ...] | None:
         if isinstance(d, tvm.tir.IntImm):
             dims.append(int(d.value))
         elif isinstance(d, tvm.tir.Any):
-            return None
+            dims.append(SymDim(f"?{next(_unknown)}"))
         else:
             dims.append(SymDim(d))
     return tuple(dims)
@@ -125,8 +136,11 @@ def _matmul_root(name: str, attrs: Any, graph: Graph, node: Any) -> RootInfo | N
     data, weight = (graph[i] for i in node.operands)
     family = "batch_matmul" if name == "nn.batch_matmul" else "dense"
     transposed = True if name == "nn.dense" else bool(attrs.transpose_b)
-    return matmul_root(family, data.shape, weight.shape, node.shape, transposed,
+    root = matmul_root(family, data.shape, weight.shape, node.shape, transposed,
                        (name, data.dtype, weight.dtype, str(attrs.out_dtype)))
+    if root is not None and root.stack and not all(isinstance(d, int) for d in node.shape):
+        root = dataclasses.replace(root, stack=None)  # unstacking reshapes to the branch shape: ? has none
+    return root
 
 
 def _conv2d_root(attrs: Any, graph: Graph, node: Any) -> RootInfo | None:
