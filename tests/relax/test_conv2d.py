@@ -141,11 +141,12 @@ def test_inception_block_three_1x1_become_one():
 
 
 def test_combined_modules_compile_for_cuda_and_run_where_a_gpu_exists():
-    from tvm_combiners.relax.runner import compile_module, has_gpu, run_vm
+    from tvm_combiners.relax.runner import compile_module, cuda_source, has_gpu, run_vm
 
     mod = inception_block()
     new = CombineParallelOps()(mod)
     executable = compile_module(new, "cuda")  # nvcc is on every machine; a GPU is not
+    assert cuda_source(executable).count("__global__") >= 4  # the combined conv, the others, relu, ...
     if not has_gpu():
         pytest.skip("compiled for cuda; no GPU here to run it")
     inputs = random_inputs(mod)

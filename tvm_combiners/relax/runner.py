@@ -43,6 +43,17 @@ def compile_module(mod: tvm.IRModule, target: str = "llvm", relax_pipeline: Any 
     return tvm.compile(mod, target=tgt, relax_pipeline=relax_pipeline)
 
 
+def cuda_source(executable: Any) -> str:
+    """The CUDA C of every kernel a cuda build produced (empty when there is none)."""
+    sources, stack = [], [executable.mod]
+    while stack:
+        module = stack.pop()
+        if module.kind == "cuda":
+            sources.append(module.inspect_source())
+        stack.extend(module.imports)
+    return "\n".join(sources)
+
+
 def _to_numpy(value: Any) -> list[np.ndarray]:
     if hasattr(value, "numpy"):
         return [value.numpy()]
