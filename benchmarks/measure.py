@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 
 import numpy as np
@@ -56,11 +55,7 @@ def measure(ir: str, path: str | None, batch: int, seq: int, repeat: int, target
         if run_here:
             outputs = backend.run(built, list(inputs.values()), target)
             row[f"diff_{label}"] = max(float(np.max(np.abs(o - r))) for o, r in zip(outputs, reference))
-            times = []
-            for _ in range(repeat):
-                _, t = timed(backend.run, built, list(inputs.values()), target)
-                times.append(t)
-            row[f"latency_{label}_s"] = statistics.median(times)
+            row[f"latency_{label}_s"] = backend.time(built, list(inputs.values()), target, repeat)
     return row
 
 

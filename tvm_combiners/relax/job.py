@@ -31,5 +31,8 @@ class RelaxBackend:
     def run(self, built: Any, inputs: list[np.ndarray], target: str) -> list[np.ndarray]:
         return runner.run_vm(built, inputs, target)
 
+    def time(self, built: Any, inputs: list[np.ndarray], target: str, repeat: int) -> float:
+        return runner.time_vm(built, inputs, target, number=repeat)
+
     def has_gpu(self) -> bool:
         return runner.has_gpu()

@@ -38,6 +38,9 @@ class RelayBackend:
     def run(self, built: Any, inputs: list[np.ndarray], target: str) -> list[np.ndarray]:
         return runner.run_graph(built, dict(zip(self._input_names, inputs)), target)
 
+    def time(self, built: Any, inputs: list[np.ndarray], target: str, repeat: int) -> float:
+        return runner.time_graph(built, dict(zip(self._input_names, inputs)), target, repeat)
+
     def has_gpu(self) -> bool:
         import tvm
 

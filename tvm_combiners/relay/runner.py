@@ -42,13 +42,24 @@ def build(mod: tvm.IRModule, params: dict | None = None, target: str = "llvm") -
         return relay.build(mod, target=make_target(target), params=params)
 
 
-def run_graph(lib: Any, inputs: dict[str, np.ndarray], target: str = "llvm") -> list[np.ndarray]:
+def _graph_module(lib: Any, inputs: dict[str, np.ndarray], target: str) -> tuple[Any, Any]:
     dev = tvm.cpu() if target == "llvm" else tvm.cuda()
     module = graph_executor.GraphModule(lib["default"](dev))
     for name, value in inputs.items():
         module.set_input(name, value)
+    return module, dev
+
+
+def run_graph(lib: Any, inputs: dict[str, np.ndarray], target: str = "llvm") -> list[np.ndarray]:
+    module, _ = _graph_module(lib, inputs, target)
     module.run()
     return [module.get_output(i).numpy() for i in range(module.get_num_outputs())]
+
+
+def time_graph(lib: Any, inputs: dict[str, np.ndarray], target: str = "llvm", repeat: int = 5) -> float:
+    """Median seconds per run of the graph executor (inputs set once)."""
+    module, dev = _graph_module(lib, inputs, target)
+    return float(np.median(module.module.time_evaluator("run", dev, number=1, repeat=repeat)().results))
 
 
 def run_vm(mod: tvm.IRModule, params: dict | None, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
