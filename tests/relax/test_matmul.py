@@ -309,3 +309,38 @@ def test_to_batch_stacks_equal_branches():
     groups = []
     assert ops(CombineParallelMatmul(to_batch=True, on_combine=groups.append)(mod), "matmul") == 1
     assert [g.stacked for g in groups] == [False]  # a 3-D input cannot stack: concatenated as usual
+
+
+def _width(y):
+    return y.ty.shape.values[-1].value
+
+
+FOLLOWER_KINDS = {  # name: (build the follower of branch i, the op that must remain once)
+    "exp": (lambda y, i: R.exp(y), "exp"),
+    "abs": (lambda y, i: R.abs(y), "abs"),
+    "negative": (lambda y, i: R.negative(y), "negative"),
+    "erf": (lambda y, i: R.erf(y), "erf"),
+    "square": (lambda y, i: R.square(y), "square"),
+    "clip": (lambda y, i: R.clip(y, -0.5, 0.5), "clip"),
+    "leakyrelu": (lambda y, i: R.nn.leakyrelu(y, alpha=0.1), "nn.leakyrelu"),
+    "softplus": (lambda y, i: R.nn.softplus(y), "nn.softplus"),
+    "maximum": (lambda y, i: R.maximum(y, relax.const(0.1 * i, F32)), "maximum"),
+    "minimum": (lambda y, i: R.minimum(_const((1, _width(y)), 20 + i), y), "minimum"),
+    "subtract": (lambda y, i: R.subtract(y, _const((_width(y),), 30 + i)), "subtract"),
+    "divide": (lambda y, i: R.divide(y, relax.const(2.0 + i, F32)), "divide"),
+    "power": (lambda y, i: R.power(y, relax.const(2.0, F32)), "power"),
+    "where": (lambda y, i: R.where(relax.const(np.arange(_width(y)) % 2 == i % 2), y, relax.const(0.0, F32)), "where"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(FOLLOWER_KINDS))
+def test_follower_kinds_numerically(kind):
+    make, op = FOLLOWER_KINDS[kind]
+
+    def body(bb, x, w0, w1, w2):
+        return [bb.emit(make(bb.emit(R.matmul(x, w)), i)) for i, w in enumerate((w0, w1, w2))]
+
+    mod = make_module({"x": ((2, 3, 8), F32), "w0": ((8, 4), F32), "w1": ((8, 6), F32), "w2": ((8, 2), F32)}, body)
+    new = CombineParallelMatmul()(mod)
+    assert ops(mod, op) == 3 and ops(new, "matmul") == 1 and ops(new, op) == 1
+    assert_same_outputs(mod, new, random_inputs(mod), atol=1e-4)
