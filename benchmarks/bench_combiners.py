@@ -16,7 +16,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+import onnx
+
 from tvm_combiners.models.hf_export import export_bert
+from tvm_combiners.models.inception import inception_model
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHONS = {"relax": ROOT / ".venv" / "bin" / "python", "relay": ROOT / ".venv-relay" / "bin" / "python"}
@@ -67,6 +70,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         models = [("MiniLM-L3 s128", None, 128)]
         if not args.quick:
+            inception = Path(tmp) / "inception.onnx"
+            onnx.save(inception_model(), str(inception))
+            models.append(("GoogLeNet 3a-5b", str(inception), 0))
             bert = Path(tmp) / "bert_base.onnx"
             print("# exporting a BERT-base-sized model (12 layers, hidden 768)", file=sys.stderr, flush=True)
             export_bert(bert, layers=12, hidden=768, heads=12, vocab=2000, seq=32, dynamic=False)

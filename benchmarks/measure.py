@@ -32,7 +32,7 @@ def timed(fn, *args):
     return out, time.perf_counter() - start
 
 
-def measure(ir: str, path: str | None, batch: int, seq: int, repeat: int, target: str) -> dict:
+def measure(ir: str, path: str | None, batch: int, seq: int | None, repeat: int, target: str) -> dict:
     from tvm_combiners.main_job import _backend
 
     backend = _backend(ir)
@@ -65,10 +65,10 @@ def main() -> None:
     parser.add_argument("--ir", default="relax", choices=["relax", "relay"])
     parser.add_argument("--target", default="llvm", choices=["llvm", "cuda"])
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--seq", type=int, default=128, help="0 keeps the model's own input sizes")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    print(json.dumps(measure(args.ir, args.model, args.batch, args.seq, args.repeat, args.target)))
+    print(json.dumps(measure(args.ir, args.model, args.batch, args.seq or None, args.repeat, args.target)))
 
 
 if __name__ == "__main__":

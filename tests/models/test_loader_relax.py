@@ -86,3 +86,17 @@ def test_minilm_compiles_for_cuda(minilm):
     mod, _ = import_relax(minilm)
     executable = compile_module(CombineParallelOps()(mod), "cuda")
     assert cuda_source(executable).count("__global__") >= 18  # at least one kernel per matmul
+
+
+def test_googlenet_inception_blocks_54_to_36_convolutions():
+    from tvm_combiners.models.inception import inception_model
+
+    model = prepare_onnx(inception_model(size=14), batch=1, seq=None)
+    mod, _ = import_relax(model)
+    assert count_ops(relax.transform.CombineParallelMatmul()(mod))["nn.conv2d"] == 54  # TVM's Relax: no conv combiner
+    groups = []
+    new = CombineParallelOps(on_combine=groups.append)(mod)
+    assert count_ops(mod)["nn.conv2d"] == 54 and count_ops(new)["nn.conv2d"] == 36
+    assert len(groups) == 9 and all(g.family == "conv2d" and len(g.roots) == 3 for g in groups)
+    inputs = example_inputs(model)
+    assert max_diff(run_vm(compile_module(new), list(inputs.values())), run_onnxruntime(model, inputs)) <= 1e-4

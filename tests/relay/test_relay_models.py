@@ -66,6 +66,18 @@ def test_torch_exported_bert(tmp_path):
     assert max_diff(run_graph(build(new, params), inputs), reference) <= 1e-4
 
 
+def test_googlenet_inception_blocks_match_relays_own_conv_combiner():
+    from tvm_combiners.models.inception import inception_model
+
+    model = prepare_onnx(inception_model(size=14), batch=1, seq=None)
+    mod, params = import_relay(model)
+    new = CombineParallelOps()(mod)
+    assert count_ops(mod)["nn.conv2d"] == 54
+    assert count_ops(new)["nn.conv2d"] == count_ops(relays_own_passes(mod))["nn.conv2d"] == 36
+    inputs = example_inputs(model)
+    assert max_diff(run_graph(build(new, params), inputs), run_onnxruntime(model, inputs)) <= 1e-4
+
+
 def test_cli_relay(capsys):
     assert main(["run", "--ir", "relay", "--repeat", "1", "--seq", "32"]) == 0
     out = capsys.readouterr().out
