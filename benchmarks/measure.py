@@ -10,8 +10,6 @@ import argparse
 import json
 import time
 
-import numpy as np
-
 from tvm_combiners.models import default_model_path, example_inputs, prepare_onnx, run_onnxruntime
 
 
@@ -33,7 +31,7 @@ def timed(fn, *args):
 
 
 def measure(ir: str, path: str | None, batch: int, seq: int | None, repeat: int, target: str) -> dict:
-    from tvm_combiners.main_job import _backend
+    from tvm_combiners.main_job import _backend, max_abs_diff
 
     backend = _backend(ir)
     model = prepare_onnx(path or default_model_path(), batch, seq)
@@ -53,9 +51,8 @@ def measure(ir: str, path: str | None, batch: int, seq: int | None, repeat: int,
     for label, mod in (("before", base), ("after", ours)):
         built, row[f"compile_{label}_s"] = timed(backend.compile, mod, target)
         if run_here:
-            outputs = backend.run(built, list(inputs.values()), target)
-            row[f"diff_{label}"] = max(float(np.max(np.abs(o - r))) for o, r in zip(outputs, reference))
-            row[f"latency_{label}_s"] = backend.time(built, list(inputs.values()), target, repeat)
+            row[f"diff_{label}"] = max_abs_diff(backend.run(built, inputs, target), reference)
+            row[f"latency_{label}_s"] = backend.time(built, inputs, target, repeat)
     return row
 
 

@@ -23,8 +23,8 @@ class Backend(Protocol):
     def combine(self, mod: Any, on_combine: Any) -> Any: ...
     def count_ops(self, mod: Any) -> dict[str, int]: ...
     def compile(self, mod: Any, target: str) -> Any: ...
-    def run(self, built: Any, inputs: list[np.ndarray], target: str) -> list[np.ndarray]: ...
-    def time(self, built: Any, inputs: list[np.ndarray], target: str, repeat: int) -> float:
+    def run(self, built: Any, inputs: dict[str, np.ndarray], target: str) -> list[np.ndarray]: ...
+    def time(self, built: Any, inputs: dict[str, np.ndarray], target: str, repeat: int) -> float:
         """Median seconds per run, inputs already on the device (TVM's time evaluator)."""
     def has_gpu(self) -> bool: ...
 
@@ -77,6 +77,14 @@ class JobReport:
         return "\n".join(out)
 
 
+def max_abs_diff(outputs: list[np.ndarray], reference: list[np.ndarray]) -> float:
+    """Largest absolute difference over all outputs, computed in float64."""
+    if len(outputs) != len(reference):
+        raise ValueError(f"{len(outputs)} outputs but {len(reference)} reference outputs")
+    return max(float(np.max(np.abs(np.asarray(o, np.float64) - np.asarray(r, np.float64))))
+               for o, r in zip(outputs, reference))
+
+
 def _backend(ir: str) -> Backend:
     if ir == "relax":
         from .relax.job import RelaxBackend
@@ -122,11 +130,7 @@ def run_job(model_path: str | None = None, target: str = "llvm", ir: str = "rela
         variant = Variant(label, backend.count_ops(mod), time.perf_counter() - start)
         if executable:
             progress(f"running {label} ({repeat} timed runs)")
-            outputs = backend.run(built, list(inputs.values()), target)
-            variant.max_abs_diff = max(
-                float(np.max(np.abs(np.asarray(o, dtype=np.float64) - np.asarray(r, dtype=np.float64))))
-                for o, r in zip(outputs, reference)
-            )
-            variant.latency_s = backend.time(built, list(inputs.values()), target, repeat)
+            variant.max_abs_diff = max_abs_diff(backend.run(built, inputs, target), reference)
+            variant.latency_s = backend.time(built, inputs, target, repeat)
         report.variants.append(variant)
     return report

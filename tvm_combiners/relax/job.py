@@ -28,11 +28,11 @@ class RelaxBackend:
     def compile(self, mod: Any, target: str) -> Any:
         return runner.compile_module(mod, target)
 
-    def run(self, built: Any, inputs: list[np.ndarray], target: str) -> list[np.ndarray]:
-        return runner.run_vm(built, inputs, target)
+    def run(self, built: Any, inputs: dict[str, np.ndarray], target: str) -> list[np.ndarray]:
+        return runner.run_vm(built, list(inputs.values()), target)
 
-    def time(self, built: Any, inputs: list[np.ndarray], target: str, repeat: int) -> float:
-        return runner.time_vm(built, inputs, target, number=repeat)
+    def time(self, built: Any, inputs: dict[str, np.ndarray], target: str, repeat: int) -> float:
+        return runner.time_vm(built, list(inputs.values()), target, number=repeat)
 
     def has_gpu(self) -> bool:
         return runner.has_gpu()

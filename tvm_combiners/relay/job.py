@@ -16,7 +16,6 @@ class RelayBackend:
     name = "relay"
 
     def import_model(self, model: Any) -> Any:
-        self._input_names = [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
         return import_relay(model)
 
     def combine(self, mod: Any, on_combine: Any) -> Any:
@@ -35,11 +34,11 @@ class RelayBackend:
                 raise ValueError("this Relay build of TVM has no CUDA code generation: use --ir relax for cuda")
         return runner.build(mod[0], mod[1], target)
 
-    def run(self, built: Any, inputs: list[np.ndarray], target: str) -> list[np.ndarray]:
-        return runner.run_graph(built, dict(zip(self._input_names, inputs)), target)
+    def run(self, built: Any, inputs: dict[str, np.ndarray], target: str) -> list[np.ndarray]:
+        return runner.run_graph(built, inputs, target)
 
-    def time(self, built: Any, inputs: list[np.ndarray], target: str, repeat: int) -> float:
-        return runner.time_graph(built, dict(zip(self._input_names, inputs)), target, repeat)
+    def time(self, built: Any, inputs: dict[str, np.ndarray], target: str, repeat: int) -> float:
+        return runner.time_graph(built, inputs, target, repeat)
 
     def has_gpu(self) -> bool:
         import tvm
