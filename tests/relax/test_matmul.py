@@ -264,6 +264,20 @@ def test_bad_options_raise_clear_errors():
         CombineParallelMatmul(check=3)
     with pytest.raises(TypeError, match="CombineParallelOps: max_branches must be an int or None, got str '4'"):
         CombineParallelOps(max_branches="4")
+    with pytest.raises(TypeError, match="CombineParallelOps: to_batch must be a bool, got str 'False'"):
+        CombineParallelOps(to_batch="False")
+    with pytest.raises(TypeError, match="CombineParallelMatmul: to_batch must be a bool, got int 1"):
+        CombineParallelMatmul(to_batch=1)
+
+
+@pytest.mark.parametrize("dtype, bits", [("float8_e4m3fn", 8), ("float8_e5m2", 8), ("float16", 16), ("int8", 8)])
+def test_max_combined_bytes_counts_every_dtype_by_its_bits(dtype, bits):
+    """float8 weights are 1 byte each, not 4 or 43 (issue 8, item 4); the limit is exact."""
+    params = {"x": ((2, 16), dtype), "w0": ((16, 8), dtype), "w1": ((16, 8), dtype)}
+    mod = make_module(params, lambda bb, x, w0, w1: [bb.emit(R.matmul(x, w0)), bb.emit(R.matmul(x, w1))])
+    total = 2 * 16 * 8 * bits // 8  # bytes of both weights
+    assert ops(CombineParallelMatmul(max_combined_bytes=total)(mod), "matmul") == 1  # exactly at the limit
+    assert ops(CombineParallelMatmul(max_combined_bytes=total - 1)(mod), "matmul") == 2  # one byte short
 
 
 # -- pass infrastructure ----------------------------------------------------------------------
@@ -344,3 +358,19 @@ def test_follower_kinds_numerically(kind):
     new = CombineParallelMatmul()(mod)
     assert ops(mod, op) == 3 and ops(new, "matmul") == 1 and ops(new, op) == 1
     assert_same_outputs(mod, new, random_inputs(mod), atol=1e-4)
+
+
+def test_inputs_differing_only_in_repeated_operands_stay_apart():
+    """``layer_norm(x, x, g)`` and ``layer_norm(x, g, g)`` are different inputs (issue 8, item 1)."""
+
+    def body(bb, x, g):
+        a = bb.emit(R.nn.layer_norm(x, x, g, axes=[0, 1]))
+        b = bb.emit(R.nn.layer_norm(x, g, g, axes=[0, 1]))
+        c = bb.emit(R.nn.layer_norm(x, x, g, axes=[0, 1]))  # equal to ``a``: may join it
+        ws = [relax.const(np.random.default_rng(i).standard_normal((8, n)).astype("float32")) for i, n in enumerate((5, 6, 7))]
+        return [bb.emit(R.matmul(v, w)) for v, w in zip((a, b, c), ws)]
+
+    mod = make_module({"x": ((4, 8), "float32"), "g": ((4, 8), "float32")}, body)
+    new = CombineParallelMatmul()(mod)
+    assert ops(mod, "matmul") == 3 and ops(new, "matmul") == 2  # a and c combine, b stays alone
+    assert_same_outputs(mod, new, random_inputs(mod))

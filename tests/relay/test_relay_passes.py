@@ -296,3 +296,53 @@ def test_determinism_and_branch_consumed_by_later_branch():
     assert ops(new, "nn.dense") == 1 and ops(new, "add") == 1
     assert unchanged(CombineParallelDense()(mod), new)  # the same input gives the same output
     assert_same_outputs(mod, new, random_inputs(mod))
+
+
+def test_inputs_differing_only_in_repeated_operands_stay_apart():
+    """``concatenate([x, x, y])`` and ``concatenate([x, y, y])`` are different inputs (issue 8, item 1)."""
+    x, y = relay.var("x", shape=(4, 8)), relay.var("y", shape=(4, 8))
+    inputs = [relay.concatenate(fields, axis=1) for fields in ([x, x, y], [x, y, y], [x, x, y])]
+    outs = [relay.nn.dense(v, const((n, 24), n)) for v, n in zip(inputs, (5, 6, 7))]
+    mod = make_module(outs, [x, y])
+    new = CombineParallelDense()(mod)
+    assert ops(mod, "nn.dense") == 3 and ops(new, "nn.dense") == 2  # the first and last combine
+    assert_same_outputs(mod, new, random_inputs(mod))
+
+
+def _module_calling_a_function_with_siblings():
+    a = relay.var("a", shape=(4, 8))
+    sub = relay.GlobalVar("sub")
+    mod = tvm.IRModule()
+    mod[sub] = relay.Function([a], relay.Tuple([relay.nn.relu(relay.nn.dense(a, const((n, 8), n))) for n in (5, 6)]))
+    mod = relay.transform.InferType()(mod)
+    b = relay.var("b", shape=(4, 8))
+    call = relay.Call(sub, [relay.nn.relu(b)])
+    siblings = [relay.nn.dense(b, const((n, 8), 10 + n)) for n in (2, 3)]
+    mod["main"] = relay.Function([b], relay.Tuple([relay.TupleGetItem(call, 0), relay.TupleGetItem(call, 1)] + siblings))
+    mod = relay.transform.InferType()(mod)
+    return mod.with_attr("origin", tvm.runtime.String("test")), sub
+
+
+def test_every_function_of_a_module_and_calls_between_them():
+    """``main`` calls a global function with siblings of its own (issue 8, item 2)."""
+    mod, sub = _module_calling_a_function_with_siblings()
+    new = CombineParallelOps()(mod)
+    assert ops(mod, "nn.dense") == 4 and ops(new, "nn.dense") == 2  # one combined op per function
+    assert tvm.ir.structural_equal(new[sub].checked_type, mod[sub].checked_type)
+    inputs = random_inputs(mod)
+
+    def run_vm(m):  # the graph executor cannot call global functions; the VM can
+        target = tvm.target.Target("llvm -mtriple=x86_64-linux-gnu")
+        result = relay.create_executor("vm", mod=m, target=target).evaluate()(**inputs)
+        return [r.numpy() for r in result]
+
+    for e, g in zip(run_vm(mod), run_vm(new), strict=True):
+        np.testing.assert_allclose(g, e, atol=1e-5, rtol=1e-5)
+
+
+def test_module_attributes_survive():
+    """Combining keeps the module's attributes (issue 8, item 3)."""
+    mod, _ = _module_calling_a_function_with_siblings()
+    new = CombineParallelOps()(mod)
+    assert ops(new, "nn.dense") == 2
+    assert str(new.attrs["origin"]) == "test"

@@ -39,6 +39,8 @@ class CombineOptions:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise TypeError(f"{name} must be an int{'' if name == 'min_num_branches' else ' or None'}, "
                                 f"got {type(value).__name__} {value!r}")
+        if not isinstance(self.to_batch, bool):  # bool("False") is True: never coerce
+            raise TypeError(f"to_batch must be a bool, got {type(self.to_batch).__name__} {self.to_batch!r}")
         if self.min_num_branches < 2:
             raise ValueError(f"min_num_branches must be >= 2, got {self.min_num_branches}")
         if self.max_branches is not None and self.max_branches < self.min_num_branches:

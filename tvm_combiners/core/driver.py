@@ -32,7 +32,7 @@ class CombineSettings:
             if fn is not None and not callable(fn):
                 raise TypeError(f"{pass_name}: {label} must be callable or None, got {type(fn).__name__}")
         try:
-            self.options = CombineOptions(min_num_branches, max_branches, max_combined_bytes, bool(to_batch))
+            self.options = CombineOptions(min_num_branches, max_branches, max_combined_bytes, to_batch)
         except (TypeError, ValueError) as err:
             raise type(err)(f"{pass_name}: {err}") from None
         self.pass_name = pass_name

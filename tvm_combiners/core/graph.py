@@ -7,6 +7,7 @@ this package only ever look at this view, so they are written once for both IRs.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,10 +64,11 @@ class Node:
     """One value in the region.
 
     ``operands`` are the tensor operands in argument order (what a rewrite may replace);
-    ``deps`` are every value the node reads, operands included (what reachability follows).
-    ``value_key`` is ``None`` for values that are only equal to themselves (parameters,
-    constants, impure calls); otherwise two nodes with equal keys and equal operand values
-    compute the same value.
+    ``deps`` are every value the node reads, operands included, in argument order with repeats
+    kept (reachability follows them; value numbering keys on them, so ``f(a, a, b)`` and
+    ``f(a, b, b)`` stay apart). ``value_key`` is ``None`` for values that are only equal to
+    themselves (parameters, constants, impure calls); otherwise two nodes with equal keys, equal
+    types and equal ordered ``deps`` compute the same value.
     """
 
     index: int
@@ -81,23 +83,41 @@ class Node:
     escapes: bool = False
     split_sections: int | None = None
     handle: Any = None
+    bits: int | None = None  # per element, lanes included (set by Graph.add from its dtype_bits)
 
     @property
     def nbytes(self) -> int | None:
         """Static size in bytes, or None when a dimension is symbolic or the dtype unknown."""
-        if self.shape is None or self.dtype is None or any(not isinstance(d, int) for d in self.shape):
+        if self.shape is None or self.bits is None or any(not isinstance(d, int) for d in self.shape):
             return None
-        count = 1
-        for d in self.shape:
-            count *= d
-        return count * dtype_bytes(self.dtype)
+        return -(-math.prod(self.shape) * self.bits // 8)  # sub-byte dtypes pack: round up once
 
 
-def dtype_bytes(dtype: str) -> int:
-    """Bytes per element of a TVM dtype string such as ``float32`` or ``int8x4``."""
-    bits = int("".join(ch for ch in dtype.split("x")[0] if ch.isdigit()) or 8)
-    lanes = int(dtype.split("x")[1]) if "x" in dtype else 1
-    return max(1, bits * lanes // 8)
+def parse_dtype_bits(dtype: str) -> int:
+    """Bits per element of a dtype string (``float32``, ``int8x4``, ``float8_e4m3fn``, ``bool``).
+
+    Adapters pass the IR's own answer (``tvm.DataType``) instead; this serves graphs built
+    without an IR and dtypes the IR cannot parse. Booleans are stored one per byte.
+    """
+    match = re.fullmatch(r"[a-z]*?(\d+)(?:_[a-z0-9]*?)?(?:x(\d+))?", dtype)
+    if dtype == "bool" or match is None:
+        return 8
+    return int(match.group(1)) * int(match.group(2) or 1)
+
+
+def ir_dtype_bits(datatype: Callable[[str], Any]) -> Callable[[str], int]:
+    """``Graph.dtype_bits`` from an IR's own dtype class (``tvm.DataType``: ``bits``, ``lanes``)."""
+
+    def bits(dtype: str) -> int:
+        if dtype == "bool":
+            return 8
+        try:
+            parsed = datatype(dtype)
+        except Exception:  # a name this TVM does not know: read the string
+            return parse_dtype_bits(dtype)
+        return int(parsed.bits) * int(parsed.lanes)
+
+    return bits
 
 
 @dataclass
@@ -105,9 +125,12 @@ class Graph:
     """Nodes in topological order (every dependency has a smaller index)."""
 
     nodes: list[Node] = field(default_factory=list)
+    dtype_bits: Callable[[str], int] = parse_dtype_bits
 
     def add(self, **kwargs: Any) -> Node:
         node = Node(index=len(self.nodes), **kwargs)
+        if node.dtype is not None and node.bits is None:
+            node.bits = self.dtype_bits(node.dtype)
         for d in node.deps:
             if d >= node.index:
                 raise ValueError(f"node {node.index} ({node.op}) depends on later node {d}")
@@ -129,14 +152,18 @@ class Graph:
         return result
 
     def value_numbers(self) -> list[int]:
-        """Hash-consed value numbers: equal numbers mean structurally equal values."""
+        """Hash-consed value numbers: equal numbers mean structurally equal values.
+
+        The key is the op with its attributes, the result type and the *ordered* operand values
+        (repeats included): anything less would merge values that differ.
+        """
         table: dict[Hashable, int] = {}
         numbers: list[int] = []
         for node in self.nodes:
             if node.value_key is None:
                 key: Hashable = ("unique", node.index)
             else:
-                key = (node.value_key, tuple(numbers[d] for d in node.deps))
+                key = (node.value_key, node.dtype, node.shape, tuple(numbers[d] for d in node.deps))
             numbers.append(table.setdefault(key, len(table)))
         return numbers
 

@@ -10,7 +10,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from ..core.graph import Dim, FollowerInfo, Graph, RootInfo, constant_key
+from ..core.graph import Dim, FollowerInfo, Graph, RootInfo, constant_key, ir_dtype_bits
 from ..core.op_tables import COMMUTATIVE, FOLLOWERS
 from ..core.root_specs import conv2d_root, matmul_root
 from ..core.struct_key import StructKey, SymDim
@@ -18,6 +18,9 @@ from ..core.struct_key import StructKey, SymDim
 
 def struct_key(obj: Any) -> StructKey:
     return StructKey(obj, tvm_ffi.structural_hash, tvm_ffi.structural_equal)
+
+
+_DTYPE_BITS = ir_dtype_bits(tvm.DataType)
 
 
 def dims_of(ty: Any) -> tuple[Dim, ...] | None:
@@ -61,7 +64,7 @@ class BlockView:
 
 
 def build_block_view(block: relax.DataflowBlock) -> BlockView:
-    graph = Graph()
+    graph = Graph(dtype_bits=_DTYPE_BITS)
     bindings: list[Any] = []
     view = BlockView(graph, bindings)
     index: dict[Any, int] = {}
@@ -90,7 +93,7 @@ def build_block_view(block: relax.DataflowBlock) -> BlockView:
             others = tuple((pos, struct_key(a)) for pos, a in enumerate(value.args) if pos not in positions)
             op_name = value.op.name if isinstance(value.op, tvm.ir.Op) else str(value.op)
             value_key = (op_name, struct_key(value.attrs), others, struct_key(list(value.ty_args)))
-        deps = tuple(dict.fromkeys(operands + free))
+        deps = tuple(operands + free)  # ordered, repeats kept: value numbering needs both
         ty = binding.var.ty
         node = graph.add(
             op=op_name.removeprefix("relax."),

@@ -10,7 +10,7 @@ from typing import Any
 import tvm
 from tvm import relay
 
-from ..core.graph import Dim, FollowerInfo, Graph, RootInfo, constant_key
+from ..core.graph import Dim, FollowerInfo, Graph, RootInfo, constant_key, ir_dtype_bits
 from ..core.op_tables import COMMUTATIVE, FOLLOWERS
 from ..core.root_specs import conv2d_root, matmul_root
 from ..core.struct_key import StructKey, SymDim
@@ -25,6 +25,9 @@ def struct_key(obj: Any) -> StructKey:
 
 
 _unknown = itertools.count()
+
+
+_DTYPE_BITS = ir_dtype_bits(tvm.DataType)
 
 
 def dims_of(ty: Any) -> tuple[Dim, ...] | None:
@@ -65,7 +68,7 @@ class BodyView:
 
 def build_body_view(body: relay.Expr) -> BodyView:
     """Nodes in post order (a topological order); ``body`` itself escapes."""
-    graph = Graph()
+    graph = Graph(dtype_bits=_DTYPE_BITS)
     view = BodyView(graph)
     index = view.index
     order: list[Any] = []
@@ -86,7 +89,7 @@ def build_body_view(body: relay.Expr) -> BodyView:
             children = [expr.tuple_value]
         else:
             children = []
-        deps = tuple(dict.fromkeys(index[c] for c in children))
+        deps = tuple(index[c] for c in children)  # ordered, repeats kept: value numbering needs both
         ty = expr.checked_type
         kwargs: dict[str, Any] = {"shape": dims_of(ty), "dtype": str(ty.dtype) if isinstance(ty, relay.TensorType) else None}
         if isinstance(expr, relay.Call) and isinstance(expr.op, tvm.ir.Op):

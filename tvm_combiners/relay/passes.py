@@ -20,7 +20,9 @@ def _build(settings: CombineSettings) -> tvm.transform.Pass:
         if not plans:
             return func
         body = rewrite_body(view, plans, func.body)
-        return relay.Function(func.params, body, None, func.type_params, func.attrs, func.span)
+        # The rewrite keeps the function's type; stating it lets callers in the module type-check
+        # before this function is inferred again (Relay infers a call from its callee's type).
+        return relay.Function(func.params, body, func.checked_type.ret_type, func.type_params, func.attrs, func.span)
 
     def transform(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         mod = relay.transform.InferType()(mod)
@@ -32,10 +34,11 @@ def _build(settings: CombineSettings) -> tvm.transform.Pass:
                     updates[gv] = new
         if not updates:
             return mod
-        mod = tvm.IRModule(dict(mod.functions), mod.type_definitions)
-        for gv, func in updates.items():
-            mod[gv] = func
-        return relay.transform.InferType()(mod)
+        functions = dict(mod.functions)
+        functions.update(updates)
+        attrs = {str(k): v for k, v in mod.attrs.items()} if mod.attrs else None
+        new = tvm.IRModule(functions, mod.type_definitions, attrs, dict(getattr(mod, "global_infos", {}) or {}))
+        return relay.transform.InferType()(new)
 
     return tvm.transform.module_pass(transform, opt_level=0, name=settings.pass_name)
 
