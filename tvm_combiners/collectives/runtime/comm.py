@@ -1,0 +1,163 @@
+"""MPI world, replica groups and source-target pairs: parsed once per string, checked at run time.
+
+MPI starts on first use (``from mpi4py import MPI`` initializes it), so importing the runtime costs
+nothing and a program run without ``mpiexec`` is simply a world of one rank.  Sub-communicators are
+made with ``Comm.Split``, which is collective: every rank creates them in the same order because
+every rank runs the same program and meets the same ``groups`` strings in the same order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+_mpi: Any = None
+
+
+def mpi() -> Any:
+    """The ``mpi4py.MPI`` module; importing it starts MPI (once per process)."""
+    global _mpi
+    if _mpi is None:
+        from mpi4py import MPI
+
+        _mpi = MPI
+    return _mpi
+
+
+def rank() -> int:
+    """This process's rank in the job (0 when not launched under mpiexec)."""
+    return mpi().COMM_WORLD.Get_rank()
+
+
+def world_size() -> int:
+    """Number of ranks in the job (1 when not launched under mpiexec)."""
+    return mpi().COMM_WORLD.Get_size()
+
+
+def _ints(text: str, op: str, attr: str, whole: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"{op}: malformed {attr} {whole!r}: expected integers separated by ','") from None
+
+
+@cache
+def parse_groups(groups: str, op: str) -> tuple[tuple[int, ...], ...]:
+    """``"0,2;1,3"`` -> ((0, 2), (1, 3)); ``""`` -> () meaning one group of all ranks."""
+    if groups == "":
+        return ()
+    parsed = tuple(_ints(part, op, "groups", groups) for part in groups.split(";"))
+    seen: set[int] = set()
+    for group in parsed:
+        for r in group:
+            if r < 0:
+                raise ValueError(f"{op}: groups {groups!r} names rank {r}: ranks must be >= 0")
+            if r in seen:
+                raise ValueError(f"{op}: groups {groups!r} names rank {r} twice: every rank must be in exactly one group")
+            seen.add(r)
+    return parsed
+
+
+@cache
+def parse_pairs(pairs: str, op: str) -> tuple[tuple[int, int], ...]:
+    """``"0,1;1,0"`` -> ((0, 1), (1, 0)), checked against StableHLO's C1-C3 (C4 needs the world size)."""
+    if pairs == "":
+        return ()
+    parsed = []
+    for part in pairs.split(";"):
+        pair = _ints(part, op, "source_target_pairs", pairs)
+        if len(pair) != 2:
+            raise ValueError(f"{op}: source_target_pairs {pairs!r} has {part!r}: every pair needs 2 ranks (C1)")
+        parsed.append((pair[0], pair[1]))
+    for index, name, rule in ((0, "source", "C2"), (1, "target", "C3")):
+        ends = [p[index] for p in parsed]
+        for r in ends:
+            if ends.count(r) > 1:
+                raise ValueError(f"{op}: source_target_pairs {pairs!r} uses {name} {r} twice: {name}s must be unique ({rule})")
+    return tuple(parsed)
+
+
+def check_ranks(ranks: tuple[int, ...], size: int, op: str, attr: str, text: str) -> None:
+    """StableHLO's C4 at run time: every named rank lies in [0, world size)."""
+    for r in ranks:
+        if not 0 <= r < size:
+            raise ValueError(
+                f"{op}: {attr} {text!r} names rank {r}, but the job has {size} rank{'s' if size != 1 else ''} "
+                f"(C4: every rank must be in [0, {size}))"
+            )
+
+
+@dataclass
+class Group:
+    """This rank's replica group: its communicator, the world ranks in order, and its position."""
+
+    comm: Any
+    members: tuple[int, ...]
+    position: int
+
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
+
+_groups: dict[str, Group] = {}
+
+
+def group(groups: str, op: str) -> Group:
+    """This rank's group for a ``groups`` string, created on first use and cached (collective)."""
+    found = _groups.get(groups)
+    if found is not None:
+        return found
+    MPI = mpi()
+    world = MPI.COMM_WORLD
+    size, me = world.Get_size(), world.Get_rank()
+    parsed = parse_groups(groups, op)
+    if not parsed:
+        found = Group(world, tuple(range(size)), me)
+    else:
+        check_ranks(tuple(r for g in parsed for r in g), size, op, "groups", groups)
+        missing = sorted(set(range(size)) - {r for g in parsed for r in g})
+        if missing:
+            raise ValueError(
+                f"{op}: groups {groups!r} leave out rank{'s' if len(missing) > 1 else ''} "
+                f"{', '.join(map(str, missing))}: every rank must be in exactly one group"
+            )
+        color = next(i for i, g in enumerate(parsed) if me in g)
+        members = parsed[color]
+        position = members.index(me)
+        # key=position orders the sub-communicator as the group lists its ranks.
+        found = Group(world.Split(color, position), members, position)
+    _groups[groups] = found
+    return found
+
+
+@dataclass
+class Route:
+    """Where this rank sends to and receives from for one ``pairs`` string (None: takes no part)."""
+
+    target: int | None
+    source: int | None
+
+
+_routes: dict[str, Route] = {}
+
+
+def route(pairs: str, op: str) -> Route:
+    """This rank's peer in ``pairs``: parsed, C1-C4 checked, cached."""
+    found = _routes.get(pairs)
+    if found is not None:
+        return found
+    world = mpi().COMM_WORLD
+    size, me = world.Get_size(), world.Get_rank()
+    parsed = parse_pairs(pairs, op)
+    check_ranks(tuple(r for p in parsed for r in p), size, op, "source_target_pairs", pairs)
+    target = next((t for s, t in parsed if s == me), None)
+    source = next((s for s, t in parsed if t == me), None)
+    found = _routes[pairs] = Route(target, source)
+    return found
+
+
+def tag(channel_id: int) -> int:
+    """MPI tag for a channel: sends and recvs of one channel match, channels never cross below TAG_UB."""
+    return int(channel_id) % (mpi().TAG_UB + 1)

@@ -1,0 +1,80 @@
+"""TVM's ``R.ccl`` built-ins re-registered onto this runtime, so ``R.ccl`` modules run outside disco.
+
+Relax legalizes ``R.ccl.allreduce`` to ``call_dps_packed("runtime.disco.allreduce", x,
+ShapeTuple([kind]), in_group)``, ``R.ccl.allgather`` to ``runtime.disco.allgather(x, in_group)`` and
+``R.ccl.broadcast_from_worker0`` to ``runtime.disco.broadcast_from_worker0(x, in_group)``, the output
+passed last (checked in TVM 0.27 and 0.16).  Outside a disco session there is one group, all ranks,
+so ``in_group`` selects nothing; worker 0 is rank 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import functions, tensors
+from .comm import group
+
+KINDS = ("sum", "prod", "min", "max", "avg")  # the order of R.ccl's op_type codes
+
+
+def _gpu() -> Any:
+    from . import nccl
+
+    return nccl
+
+
+def allreduce(x: Any, kind: Any, in_group: bool, out: Any) -> None:
+    name = "runtime.disco.allreduce"
+    code = int(kind[0])
+    if not 0 <= code < len(KINDS):
+        raise ValueError(f"{name}: unknown reduction code {code}: expected 0-4 ({', '.join(KINDS)})")
+    grp = group("", name)
+    if tensors.is_host(x):
+        functions.allreduce_np(name, grp, tensors.host_view(x), KINDS[code], tensors.host_view(out))
+    else:
+        _gpu().allreduce(name, "", grp, x, KINDS[code], out)
+
+
+def allgather(x: Any, in_group: bool, out: Any) -> None:
+    name = "runtime.disco.allgather"
+    grp = group("", name)
+    if tensors.is_host(x):
+        functions.allgather_np(name, grp, tensors.host_view(x), 0, tensors.host_view(out))
+    else:
+        _gpu().allgather(name, "", grp, x, 0, out)
+
+
+def broadcast_from_worker0(x: Any, in_group: bool, out: Any) -> None:
+    name = "runtime.disco.broadcast_from_worker0"
+    grp = group("", name)
+    if tensors.is_host(x):
+        functions.broadcast_np(name, grp, tensors.host_view(x), tensors.host_view(out))
+    else:
+        _gpu().broadcast(name, "", grp, x, out)
+
+
+def scatter_from_worker0(x: Any, in_group: bool, out: Any) -> None:
+    name = "runtime.disco.scatter_from_worker0"
+    grp = group("", name)
+    if tensors.is_host(x):
+        functions.scatter_np(name, grp, tensors.host_view(x), tensors.host_view(out))
+    else:
+        staged = tensors.host_view(out) if tensors.is_host(out) else None
+        host_out = staged if staged is not None else out.numpy()
+        functions.scatter_np(name, grp, x.numpy(), host_out)
+        if staged is None:
+            out.copyfrom(host_out)
+
+
+OVERRIDES = {
+    "runtime.disco.allreduce": allreduce,
+    "runtime.disco.allgather": allgather,
+    "runtime.disco.broadcast_from_worker0": broadcast_from_worker0,
+    "runtime.disco.scatter_from_worker0": scatter_from_worker0,
+}
+
+
+def register_overrides() -> None:
+    """Replace TVM's disco built-ins in this process (override=True; idempotent)."""
+    for fname, func in OVERRIDES.items():
+        tensors.register(fname, func)

@@ -1,0 +1,261 @@
+"""The runtime's global packed functions (the contract with the IR side), on MPI for host tensors.
+
+Every function takes TVM tensors, writes its preallocated output (passed last, destination-passing
+style) and returns nothing.  Host tensors go straight to MPI as numpy views of their memory; cuda
+tensors go to ``nccl.py`` (NCCL, or host-staged MPI where NCCL cannot run).  The numpy-level
+functions (``*_np``) are shared by both paths.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from . import comm as _comm
+from . import tensors
+from .comm import Group, group, mpi, route
+
+REDUCTIONS = ("sum", "prod", "min", "max", "avg")
+# dtypes MPI reduces natively; others (bool, bfloat16, ...) are reduced in float32/int64 copies.
+_NATIVE = {np.dtype(n) for n in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+                                 "float16", "float32", "float64")}
+_mpi_ops: dict[str, Any] = {}
+
+
+def mpi_op(op: str, name: str) -> Any:
+    """The MPI reduction for ``op`` (avg reduces with SUM and divides afterwards)."""
+    found = _mpi_ops.get(op)
+    if found is None:
+        if op not in REDUCTIONS:
+            raise ValueError(f"{name}: unknown reduction {op!r}: expected one of {', '.join(REDUCTIONS)}")
+        MPI = mpi()
+        found = _mpi_ops[op] = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX, "avg": MPI.SUM}[op]
+    return found
+
+
+def _check_shape(name: str, what: str, got: tuple[int, ...], want: tuple[int, ...]) -> None:
+    if tuple(got) != tuple(want):
+        raise ValueError(f"{name}: {what} has shape {tuple(got)}, expected {tuple(want)}")
+
+
+def _norm_axis(name: str, axis: int, ndim: int) -> int:
+    axis = int(axis)
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"{name}: axis {axis} is out of range for a {ndim}-d tensor")
+    return axis + ndim if axis < 0 else axis
+
+
+def _reduce(name: str, comm: Any, op: str, send: np.ndarray, recv: np.ndarray, size: int, block: bool) -> None:
+    """Allreduce (block=False) or Reduce_scatter_block (block=True), then avg's division."""
+    mop = mpi_op(op, name)
+    dtype = recv.dtype
+    if op == "avg" and dtype.kind != "f" and "float" not in dtype.name:
+        raise ValueError(f"{name}: reduction 'avg' needs a float dtype, got {dtype.name}")
+    if dtype in _NATIVE:
+        (comm.Reduce_scatter_block if block else comm.Allreduce)(send, recv, mop)
+        if op == "avg":
+            recv /= size
+        return
+    wide = np.float32 if "float" in dtype.name else np.int64
+    acc = np.empty(recv.shape, wide)
+    (comm.Reduce_scatter_block if block else comm.Allreduce)(np.ascontiguousarray(send, dtype=wide), acc, mop)
+    if op == "avg":
+        acc /= size
+    recv[...] = acc.astype(dtype) if dtype.kind != "b" else acc != 0
+
+
+def allreduce_np(name: str, grp: Group, x: np.ndarray, op: str, out: np.ndarray) -> None:
+    _check_shape(name, "out", out.shape, x.shape)
+    _reduce(name, grp.comm, op, x, out, grp.size, block=False)
+
+
+def allgather_np(name: str, grp: Group, x: np.ndarray, axis: int, out: np.ndarray) -> None:
+    """Concatenate every group member's ``x`` along ``axis`` in group order."""
+    MPI = mpi()
+    axis = _norm_axis(name, axis, x.ndim)
+    g, shape = grp.size, x.shape
+    _check_shape(name, "out", out.shape, shape[:axis] + (shape[axis] * g,) + shape[axis + 1:])
+    if int(np.prod(shape[:axis])) == 1:  # the gathered blocks are contiguous in out: gather in place
+        grp.comm.Allgather([x, MPI.BYTE], [out, MPI.BYTE])
+        return
+    blocks = np.empty((g,) + shape, x.dtype)
+    grp.comm.Allgather([x, MPI.BYTE], [blocks, MPI.BYTE])
+    np.copyto(out.reshape(shape[:axis] + (g, shape[axis]) + shape[axis + 1:]), np.moveaxis(blocks, 0, axis))
+
+
+def reduce_scatter_np(name: str, grp: Group, x: np.ndarray, op: str, axis: int, out: np.ndarray) -> None:
+    """Reduce ``x`` over the group; the member at position i keeps chunk i along ``axis``."""
+    axis = _norm_axis(name, axis, x.ndim)
+    g, shape = grp.size, x.shape
+    if shape[axis] % g:
+        raise ValueError(f"{name}: axis {axis} has extent {shape[axis]}, not divisible by the group size {g}")
+    chunk = shape[axis] // g
+    _check_shape(name, "out", out.shape, shape[:axis] + (chunk,) + shape[axis + 1:])
+    if int(np.prod(shape[:axis])) != 1:  # bring the chunks to the front so that each is contiguous
+        x = np.ascontiguousarray(np.moveaxis(x.reshape(shape[:axis] + (g, chunk) + shape[axis + 1:]), axis, 0))
+    _reduce(name, grp.comm, op, x, out, g, block=True)
+
+
+def broadcast_np(name: str, grp: Group, x: np.ndarray, out: np.ndarray) -> None:
+    """Every member's ``out`` becomes the ``x`` of the group's first member."""
+    _check_shape(name, "out", out.shape, x.shape)
+    if grp.position == 0:
+        np.copyto(out, x)
+    grp.comm.Bcast([out, mpi().BYTE], root=0)
+
+
+def scatter_np(name: str, grp: Group, x: np.ndarray, out: np.ndarray) -> None:
+    """The group's first member sends ``x[i]`` to the member at position i."""
+    _check_shape(name, "x", x.shape[:1], (grp.size,))
+    _check_shape(name, "out", out.shape, x.shape[1:])
+    MPI = mpi()
+    grp.comm.Scatter([x, MPI.BYTE] if grp.position == 0 else None, [out, MPI.BYTE], root=0)
+
+
+# --- point to point -------------------------------------------------------------------------------
+# A send copies its payload and posts an Isend: it never waits for the receiver, so no order of sends
+# and recvs in the program can deadlock on a send.  Finished sends are dropped on every later call;
+# whatever is left is completed at exit (bounded, so a recv that never comes fails the job loudly).
+_pending: list[tuple[Any, np.ndarray, str]] = []
+_drain_registered = False
+DRAIN_TIMEOUT_ENV = "TVM_COMBINERS_SEND_DRAIN_TIMEOUT"
+
+
+def _reap() -> None:
+    if _pending:
+        _pending[:] = [p for p in _pending if not p[0].Test()]
+
+
+def drain_sends(timeout: float | None = None) -> None:
+    """Complete every pending send; after ``timeout`` s say which are stuck and abort the job."""
+    if timeout is None:
+        timeout = float(os.environ.get(DRAIN_TIMEOUT_ENV, "60"))
+    deadline = time.monotonic() + timeout
+    while _pending:
+        _reap()
+        if not _pending:
+            return
+        if time.monotonic() > deadline:
+            stuck = "; ".join(p[2] for p in _pending)
+            print(f"tvm_combiners: rank {_comm.rank()}: sends never received after {timeout:g} s: {stuck}",
+                  file=sys.stderr, flush=True)
+            mpi().COMM_WORLD.Abort(1)
+        time.sleep(0.001)
+
+
+def send_np(name: str, pairs: str, channel_id: int, payload: np.ndarray) -> None:
+    """Post a non-blocking send of ``payload`` (already a private copy) if this rank is a source."""
+    global _drain_registered
+    peer = route(pairs, name)
+    _reap()
+    if peer.target is None:
+        return
+    MPI = mpi()
+    request = MPI.COMM_WORLD.Isend([payload, MPI.BYTE], peer.target, _comm.tag(channel_id))
+    _pending.append((request, payload, f"channel {channel_id} to rank {peer.target}"))
+    if not _drain_registered:
+        atexit.register(drain_sends)
+        _drain_registered = True
+
+
+def recv_np(name: str, pairs: str, channel_id: int, out: np.ndarray) -> None:
+    """Block until this rank's payload arrived in ``out``; zeros if this rank is no target."""
+    peer = route(pairs, name)
+    if peer.source is None:
+        out[...] = 0
+        _reap()
+        return
+    MPI = mpi()
+    status = MPI.Status()
+    try:
+        MPI.COMM_WORLD.Recv([out, MPI.BYTE], peer.source, _comm.tag(channel_id), status)
+    except MPI.Exception as err:
+        raise ValueError(f"{name}: channel {channel_id} from rank {peer.source}: {err.Get_error_string()} "
+                         f"(the send's payload is larger than the {out.nbytes}-byte recv buffer)") from None
+    got = status.Get_count(MPI.BYTE)
+    if got != out.nbytes:
+        raise ValueError(f"{name}: channel {channel_id} from rank {peer.source} brought {got} bytes, expected "
+                         f"{out.nbytes}: the send's shape or dtype differs from the recv's")
+    _reap()
+
+
+# --- the registered functions ---------------------------------------------------------------------
+def _gpu() -> Any:
+    from . import nccl
+
+    return nccl
+
+
+def allreduce(x: Any, op: str, groups: str, out: Any) -> None:
+    name = "tvm_combiners.allreduce"
+    grp = group(groups, name)
+    if tensors.is_host(x):
+        allreduce_np(name, grp, tensors.host_view(x), op, tensors.host_view(out))
+    else:
+        _gpu().allreduce(name, groups, grp, x, op, out)
+
+
+def allgather(x: Any, axis: int, groups: str, out: Any) -> None:
+    name = "tvm_combiners.allgather"
+    grp = group(groups, name)
+    if tensors.is_host(x):
+        allgather_np(name, grp, tensors.host_view(x), axis, tensors.host_view(out))
+    else:
+        _gpu().allgather(name, groups, grp, x, axis, out)
+
+
+def reduce_scatter(x: Any, op: str, axis: int, groups: str, out: Any) -> None:
+    name = "tvm_combiners.reduce_scatter"
+    grp = group(groups, name)
+    if tensors.is_host(x):
+        reduce_scatter_np(name, grp, tensors.host_view(x), op, axis, tensors.host_view(out))
+    else:
+        _gpu().reduce_scatter(name, groups, grp, x, op, axis, out)
+
+
+def _write_token(token_out: Any) -> None:
+    if tensors.is_host(token_out):
+        tensors.host_view(token_out)[...] = 0
+    else:
+        token_out.copyfrom(np.zeros(tuple(token_out.shape), tensors.np_dtype(token_out)))
+
+
+def send(x: Any, pairs: str, channel_id: int, is_host_transfer: int, token_out: Any) -> None:
+    """Non-blocking send; cuda payloads are staged through host memory (NCCL's send would block the stream)."""
+    name = "tvm_combiners.send"
+    if route(pairs, name).target is not None:
+        payload = np.array(tensors.host_view(x)) if tensors.is_host(x) else x.numpy()
+    else:
+        payload = np.empty(0, np.uint8)
+    send_np(name, pairs, channel_id, payload)
+    _write_token(token_out)
+
+
+def recv(pairs: str, channel_id: int, is_host_transfer: int, out: Any) -> None:
+    name = "tvm_combiners.recv"
+    if tensors.is_host(out):
+        recv_np(name, pairs, channel_id, tensors.host_view(out))
+        return
+    staged = np.empty(tuple(out.shape), tensors.np_dtype(out))
+    recv_np(name, pairs, channel_id, staged)
+    out.copyfrom(staged)
+
+
+FUNCTIONS = {
+    "tvm_combiners.allreduce": allreduce,
+    "tvm_combiners.allgather": allgather,
+    "tvm_combiners.reduce_scatter": reduce_scatter,
+    "tvm_combiners.send": send,
+    "tvm_combiners.recv": recv,
+}
+
+
+def register_all() -> None:
+    """Register the contract's functions (idempotent: re-registration overrides)."""
+    for fname, func in FUNCTIONS.items():
+        tensors.register(fname, func)

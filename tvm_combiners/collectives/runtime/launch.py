@@ -1,0 +1,221 @@
+"""Run a command on N ranks with the venv's mpiexec, and never let a rank wait forever.
+
+``python`` programs run as ``python -m mpi4py prog.py``: an uncaught exception on one rank then
+calls MPI_Abort and ends the whole job (plain ``python prog.py`` would leave the other ranks waiting
+in their collectives).  A hung rank is handled by the timeout: mpiexec gets SIGTERM (it tears down
+its ranks), then every process of the job still alive gets SIGKILL.  Each rank's stderr goes to its
+own file (mpiexec's ``-errfile-pattern``) and is copied live to our stderr prefixed ``[rank R]``; at
+the end every rank that raised is named with its error.  stdout passes through untouched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+DEFAULT_TIMEOUT = 300.0
+PREFIX = "tvm-combiners launch"
+# interpreter options that take a value, kept before ``-m mpi4py``
+_PY_VALUE_OPTS = {"-W", "-X", "--check-hash-based-pycs"}
+_PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
+
+
+def find_mpiexec() -> str:
+    """mpiexec beside this interpreter (the mpich wheel puts it in the venv's bin/), else on PATH."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which("mpiexec")
+    if found is None:
+        raise FileNotFoundError(f"{PREFIX}: mpiexec not found beside {sys.executable} nor on PATH: "
+                                "install the mpich wheel (pip install mpich mpi4py)")
+    return found
+
+
+def rank_command(argv: list[str]) -> list[str]:
+    """``python [opts] prog.py args`` -> ``<this python> [opts] -m mpi4py prog.py args``; others unchanged.
+
+    A bare ``python``/``python3`` becomes this interpreter, so the ranks see the same packages.
+    """
+    if not argv or not _PYTHON.fullmatch(os.path.basename(argv[0])):
+        return list(argv)
+    exe = sys.executable if argv[0] in ("python", "python3") else argv[0]
+    i = 1
+    while i < len(argv) and argv[i].startswith("-") and argv[i] not in ("-m", "-c", "-"):
+        i += 2 if argv[i] in _PY_VALUE_OPTS else 1
+    if argv[i:i + 2] == ["-m", "mpi4py"]:
+        return [exe, *argv[1:]]
+    return [exe, *argv[1:i], "-m", "mpi4py", *argv[i:]]
+
+
+def rank_error(text: str) -> str | None:
+    """The error a rank's stderr reports: a traceback's last line, else MPI's abort line."""
+    lines = text.splitlines()
+    error = None
+    for i, line in enumerate(lines):
+        if line.startswith("Traceback (most recent call last):"):
+            for follow in lines[i + 1:]:
+                if follow and not follow[0].isspace():
+                    error = follow.strip()
+                    break
+    if error is None:
+        error = next((ln.strip() for ln in lines if ln.startswith("Abort(")), None)
+    return error
+
+
+class _Tail(threading.Thread):
+    """Copies every rank's stderr file to ours line by line, prefixed with the rank."""
+
+    def __init__(self, folder: Path, n: int) -> None:
+        super().__init__(daemon=True)
+        self.paths = [folder / f"rank.{r}" for r in range(n)]
+        self.offsets = [0] * n
+        self.partial = [b""] * n
+        self.texts = [bytearray() for _ in range(n)]
+        self.done = threading.Event()
+
+    def poll(self, final: bool = False) -> None:
+        for r, path in enumerate(self.paths):
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self.offsets[r])
+                    chunk = f.read()
+            except FileNotFoundError:
+                continue
+            self.offsets[r] += len(chunk)
+            self.texts[r] += chunk
+            data = self.partial[r] + chunk
+            *lines, rest = data.split(b"\n")
+            if final and rest:
+                lines.append(rest)
+                rest = b""
+            self.partial[r] = rest
+            for line in lines:
+                sys.stderr.write(f"[rank {r}] {line.decode(errors='replace')}\n")
+            if lines:
+                sys.stderr.flush()
+
+    def run(self) -> None:
+        while not self.done.wait(0.05):
+            self.poll()
+
+    def finish(self) -> list[str]:
+        self.done.set()
+        self.join()
+        self.poll(final=True)
+        return [t.decode(errors="replace") for t in self.texts]
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (from /proc; hydra's proxies start their own sessions)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _kill_job(proc: subprocess.Popen) -> None:
+    tree = _descendants(proc.pid)
+    try:
+        proc.send_signal(signal.SIGTERM)  # hydra forwards it and tears its ranks down
+        proc.wait(timeout=3)
+    except (subprocess.TimeoutExpired, ProcessLookupError):
+        pass
+    for pid in [proc.pid, *tree]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    proc.wait()
+
+
+def launch(n: int, argv: list[str], timeout: float | None = None) -> int:
+    """Run ``argv`` on ``n`` ranks; return its exit code (124 after a timeout), naming failed ranks.
+
+    ``timeout`` (seconds, default 300) bounds the whole job: past it every rank is killed.
+    """
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"{PREFIX}: the number of ranks must be a positive integer, got {n!r}")
+    argv = list(argv)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        raise ValueError(f"{PREFIX}: no command to run: give it after '--', e.g. -n 2 -- python prog.py")
+    timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
+    if timeout <= 0:
+        raise ValueError(f"{PREFIX}: the timeout must be positive, got {timeout:g} s")
+    mpiexec = find_mpiexec()
+    with tempfile.TemporaryDirectory(prefix="tvm-combiners-launch-") as folder:
+        cmd = [mpiexec, "-n", str(n), "-errfile-pattern", f"{folder}/rank.%r", *rank_command(argv)]
+        tail = _Tail(Path(folder), n)
+        start = time.monotonic()
+        proc = subprocess.Popen(cmd, start_new_session=True)
+        tail.start()
+        timed_out = False
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_job(proc)
+            code = 124
+        except BaseException:  # Ctrl-C: never leave ranks behind
+            _kill_job(proc)
+            raise
+        texts = tail.finish()
+    elapsed = time.monotonic() - start
+    failed = [(r, err) for r, err in ((r, rank_error(t)) for r, t in enumerate(texts)) if err]
+    for r, err in failed:
+        print(f"{PREFIX}: rank {r} failed: {err}", file=sys.stderr)
+    if timed_out:
+        print(f"{PREFIX}: timed out after {timeout:g} s: killed all {n} ranks "
+              "(a rank hung, or waits for a peer that never comes)", file=sys.stderr)
+    elif code != 0 and not failed:
+        print(f"{PREFIX}: the job exited with code {code} after {elapsed:.1f} s (no rank reported an error)",
+              file=sys.stderr)
+    sys.stderr.flush()
+    return code
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``-n/--np N [--timeout S] -- command ...`` (for ``tvm-combiners launch``)."""
+    parser.add_argument("-n", "--np", dest="np", type=int, required=True, help="number of ranks")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                        help=f"seconds before every rank is killed (default {DEFAULT_TIMEOUT:g})")
+    parser.add_argument("command", nargs=argparse.REMAINDER,
+                        help="the command after '--'; python programs run as python -m mpi4py")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the parsed ``launch`` arguments; 2 on a usage error, else the job's exit code."""
+    try:
+        return launch(args.np, args.command, timeout=args.timeout)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"{err}" if str(err).startswith(PREFIX) else f"{PREFIX}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    _parser = argparse.ArgumentParser(prog="python -m tvm_combiners.collectives.runtime.launch", description=__doc__)
+    add_arguments(_parser)
+    sys.exit(main(_parser.parse_args()))

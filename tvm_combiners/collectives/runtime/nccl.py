@@ -1,0 +1,178 @@
+"""Collectives on cuda tensors: NCCL through nccl4py, or host-staged MPI where NCCL cannot run.
+
+One NCCL communicator per replica group, bootstrapped over that group's MPI communicator (rank 0
+makes the unique id, MPI broadcasts it) and driven on TVM's current CUDA stream, so the collective
+is ordered after the kernels that produced its input.  NCCL refuses two ranks on one GPU, and
+nccl4py may be missing: then the group's ranks copy to host, use MPI and copy back, and the group's
+first rank says so once on stderr.  The choice is made from every member's facts gathered over MPI,
+so all members always take the same path (a split decision would deadlock).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from typing import Any
+
+import numpy as np
+
+from . import tensors
+from .comm import Group
+from .functions import allgather_np, allreduce_np, broadcast_np, reduce_scatter_np
+
+# dtypes NCCL reduces and moves; anything else is staged through host memory.
+NCCL_DTYPES = frozenset({"int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64",
+                         "bfloat16"})
+
+
+def gpu_identity(device_id: int, host: str | None = None, visible: str | None = None) -> tuple[str, str]:
+    """(host, physical GPU) of a device index, seen through CUDA_VISIBLE_DEVICES."""
+    host = socket.gethostname() if host is None else host
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    if visible:
+        entries = [v.strip() for v in visible.split(",") if v.strip()]
+        if 0 <= device_id < len(entries):
+            return host, entries[device_id]
+    return host, str(device_id)
+
+
+def choose_path(members: list[tuple[tuple[str, str], str | None]]) -> str | None:
+    """None when NCCL can serve the group, else why the group is staged through host MPI.
+
+    ``members`` holds, in group order, each member's (host, GPU) and its nccl4py import error.
+    """
+    for position, (_, error) in enumerate(members):
+        if error:
+            return f"nccl4py is not usable on group member {position} ({error})"
+    seen: dict[tuple[str, str], int] = {}
+    for position, (gpu, _) in enumerate(members):
+        if gpu in seen:
+            return (f"group members {seen[gpu]} and {position} share GPU {gpu[1]} on {gpu[0]}: "
+                    "NCCL refuses two ranks on one GPU")
+        seen[gpu] = position
+    return None
+
+
+def _import_nccl() -> tuple[Any, str | None]:
+    try:
+        import nccl.core as nccl_core
+    except Exception as err:  # ImportError, or a missing libnccl / CUDA driver
+        return None, f"{type(err).__name__}: {err}"
+    return nccl_core, None
+
+
+class _Array:
+    """A CUDA Array Interface view of a TVM cuda tensor (no copy, no stream synchronisation)."""
+
+    def __init__(self, t: Any, shape: tuple[int, ...] | None = None) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": tuple(t.shape) if shape is None else shape,
+            "typestr": tensors.np_dtype(t).str if str(t.dtype) != "bfloat16" else "<V2",
+            "data": (tensors.data_ptr(t), False),
+            "strides": None,
+            "version": 3,
+            "stream": None,
+        }
+
+
+class NcclGroup:
+    """An NCCL communicator for one replica group."""
+
+    def __init__(self, nccl_core: Any, comm: Any) -> None:
+        self.nccl = nccl_core
+        self.comm = comm
+        self.ops = {"sum": nccl_core.SUM, "prod": nccl_core.PROD, "min": nccl_core.MIN, "max": nccl_core.MAX,
+                    "avg": nccl_core.AVG}
+
+
+_groups: dict[str, NcclGroup | None] = {}
+_said: set[str] = set()
+
+
+def nccl_group(groups: str, grp: Group, device_id: int) -> NcclGroup | None:
+    """The group's NCCL communicator, or None for host staging; collective over the group on first use."""
+    if groups in _groups:
+        return _groups[groups]
+    nccl_core, error = _import_nccl()
+    members = grp.comm.allgather((gpu_identity(device_id), error))
+    reason = choose_path(members)
+    found: NcclGroup | None = None
+    if reason is None:
+        from cuda.core import Device
+
+        Device(device_id).set_current()
+        uid = nccl_core.get_unique_id() if grp.position == 0 else None
+        uid_bytes = grp.comm.bcast(bytes(uid) if uid is not None else None, root=0)
+        comm = nccl_core.Communicator.init(grp.size, grp.position, nccl_core.UniqueId.from_bytes(uid_bytes))
+        found = NcclGroup(nccl_core, comm)
+    elif grp.position == 0 and reason not in _said:
+        _said.add(reason)
+        print(f"tvm_combiners: {reason}; collectives on cuda tensors use host-staged MPI", file=sys.stderr, flush=True)
+    _groups[groups] = found
+    return found
+
+
+def _stream(t: Any) -> int:
+    """TVM's current stream for the tensor's device (0, the default stream, on TVM without tvm_ffi)."""
+    if tensors.NEW_FFI:
+        return int(tensors.tvm_ffi.get_raw_stream(t.device))
+    return 0
+
+
+def _staged(t: Any) -> np.ndarray:
+    return t.numpy()
+
+
+def _leading(shape: tuple[int, ...], axis: int) -> bool:
+    """The blocks along ``axis`` are contiguous: every dim before it has extent 1."""
+    axis = axis + len(shape) if axis < 0 else axis
+    return 0 <= axis < len(shape) and int(np.prod(shape[:axis])) == 1
+
+
+def _nccl_for(groups: str, grp: Group, x: Any) -> NcclGroup | None:
+    group_ = nccl_group(groups, grp, x.__dlpack_device__()[1])
+    if group_ is None or str(x.dtype) not in NCCL_DTYPES:
+        return None
+    return group_
+
+
+def allreduce(name: str, groups: str, grp: Group, x: Any, op: str, out: Any) -> None:
+    ng = _nccl_for(groups, grp, x)
+    if ng is None or op not in ng.ops or (op == "avg" and "float" not in str(x.dtype)):
+        staged = np.empty(tuple(out.shape), tensors.np_dtype(out))
+        allreduce_np(name, grp, _staged(x), op, staged)
+        out.copyfrom(staged)
+        return
+    ng.comm.allreduce(_Array(x), _Array(out), ng.ops[op], stream=_stream(x))
+
+
+def allgather(name: str, groups: str, grp: Group, x: Any, axis: int, out: Any) -> None:
+    ng = _nccl_for(groups, grp, x)
+    if ng is None or not _leading(tuple(x.shape), int(axis)):
+        staged = np.empty(tuple(out.shape), tensors.np_dtype(out))
+        allgather_np(name, grp, _staged(x), axis, staged)
+        out.copyfrom(staged)
+        return
+    ng.comm.allgather(_Array(x), _Array(out), stream=_stream(x))
+
+
+def reduce_scatter(name: str, groups: str, grp: Group, x: Any, op: str, axis: int, out: Any) -> None:
+    ng = _nccl_for(groups, grp, x)
+    if (ng is None or op not in ng.ops or (op == "avg" and "float" not in str(x.dtype))
+            or not _leading(tuple(x.shape), int(axis)) or tuple(x.shape)[int(axis)] % grp.size):
+        staged = np.empty(tuple(out.shape), tensors.np_dtype(out))
+        reduce_scatter_np(name, grp, _staged(x), op, axis, staged)
+        out.copyfrom(staged)
+        return
+    ng.comm.reduce_scatter(_Array(x), _Array(out), ng.ops[op], stream=_stream(x))
+
+
+def broadcast(name: str, groups: str, grp: Group, x: Any, out: Any) -> None:
+    ng = _nccl_for(groups, grp, x)
+    if ng is None:
+        staged = np.empty(tuple(out.shape), tensors.np_dtype(out))
+        broadcast_np(name, grp, _staged(x), staged)
+        out.copyfrom(staged)
+        return
+    ng.comm.broadcast(_Array(x), _Array(out), 0, stream=_stream(x))

@@ -1,0 +1,83 @@
+"""Zero-copy numpy views of TVM tensors and global-function registration, for TVM 0.27 and 0.16.
+
+TVM 0.27 (tvm_ffi) hands packed functions ``tvm.runtime.Tensor`` objects, which numpy reads through
+DLPack without a copy.  TVM 0.16 hands ``tvm.nd.NDArray`` views of the DLTensor that compiled code
+passed (``te.extern`` + ``call_packed``); numpy 1.x marks DLPack imports read-only, so there the view
+is built from the DLTensor's data pointer instead.  Both views alias the tensor's memory.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .comm import mpi
+
+CPU, CUDA, CUDA_HOST = 1, 2, 3
+
+try:
+    import tvm_ffi
+
+    NEW_FFI = True
+except ImportError:  # TVM <= 0.19: tvm.register_func, tvm.nd.NDArray
+    tvm_ffi = None
+    NEW_FFI = False
+
+
+def register(name: str, func: Callable[..., Any]) -> None:
+    """Register (or re-register) a global packed function in either TVM generation."""
+    if NEW_FFI:
+        tvm_ffi.register_global_func(name, func, override=True)
+    else:
+        import tvm
+
+        tvm.register_func(name, func, override=True)
+
+
+_dtypes: dict[Any, np.dtype] = {}
+
+
+def _legacy_view(t: Any) -> np.ndarray:
+    handle = t.handle.contents
+    code = handle.dtype
+    key = (code.type_code, code.bits, code.lanes)
+    dtype = _dtypes.get(key)
+    if dtype is None:
+        dtype = _dtypes[key] = np.dtype(str(code))
+    shape = t.shape
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes == 0:
+        return np.empty(shape, dtype)
+    buf = mpi().buffer.fromaddress(handle.data + handle.byte_offset, nbytes)
+    return np.frombuffer(buf, dtype).reshape(shape)
+
+
+def host_view(t: Any) -> np.ndarray:
+    """A writable numpy view of a CPU tensor (no copy)."""
+    if NEW_FFI:
+        return np.from_dlpack(t)
+    return _legacy_view(t)
+
+
+def device_type(t: Any) -> int:
+    """DLPack device type: 1 cpu, 2 cuda, 3 cuda host memory."""
+    return t.__dlpack_device__()[0]
+
+
+def is_host(t: Any) -> bool:
+    return t.__dlpack_device__()[0] in (CPU, CUDA_HOST)
+
+
+def data_ptr(t: Any) -> int:
+    """Address of the tensor's first element (device memory for cuda tensors)."""
+    if NEW_FFI:
+        return int(t.data_ptr)
+    handle = t.handle.contents
+    return int(handle.data) + int(handle.byte_offset)
+
+
+def np_dtype(t: Any) -> np.dtype:
+    return np.dtype(str(t.dtype))
