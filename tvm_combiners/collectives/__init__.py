@@ -1,6 +1,10 @@
-"""Collective ops (allreduce, allgather, reduce_scatter, send/recv) and their combiners.
+"""Collective ops (allreduce, allgather, reduce_scatter, send/recv, after_all) in Relax and Relay.
 
-Not built yet: this is the package's next stage. The IR-neutral pieces it will use already live in
-``tvm_combiners.core``: the neutral graph, reachability and ``combine_by_key`` (XLA's
-CombineInstructionsByKey), tested on neutral graphs.
+- ``spec``: the ops once, IR-neutral (names, attributes, validation, shape rules);
+- ``ordering``: send-before-recv scheduling shared by both IRs' ``OrderSendRecv`` passes;
+- ``relax`` / ``relay``: builders, registration, type inference and lowering for each IR
+  (``relay`` needs a TVM build with Relay, ``relax`` apache-tvm 0.27);
+- ``runtime``: the MPI/NCCL packed functions the ops lower to, and the N-rank launcher.
+
+The IR modules are not imported here: each needs its own TVM generation.
 """

@@ -1,0 +1,162 @@
+"""Send-before-recv ordering, IR-neutral: the core of both adapters' ``OrderSendRecv`` passes.
+
+Every rank runs the same program, and a recv blocks until its payload arrived while a send never
+waits (contract.md). So a program deadlocks exactly when some recv runs before the send it is
+matched with: ``y = recv(ch 0); t = send(x, ch 0)`` blocks every rank in recv. Sends and recvs of
+one channel match in program order (the k-th send with the k-th recv, as MPI matches messages of
+one tag). The fix is an order in which every matched send comes before its recv: add the edge
+send_k -> recv_k to the data dependences, keep sends (and recvs) of one channel and other opaque
+side effects in their order, and sort topologically, as close to the program order as possible.
+A cycle means no order exists (a send's payload needs a recv that cannot complete before it):
+that is reported, never left to hang at run time.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .spec import CollectiveError, Pairs, encode_pairs
+
+
+class SendRecvOrderError(CollectiveError):
+    """Sends and recvs that no order can run without waiting forever, or that cannot match."""
+
+
+@dataclass(frozen=True)
+class OrderNode:
+    """One unit of a region, in program order.
+
+    ``kind``: "send", "recv", "effect" (an opaque side effect whose order is kept) or "other".
+    ``deps``: indices of earlier units it reads. ``payload``: (shape, dtype) moved by a send or
+    recv, where known (static int shape), for the match check.
+    """
+
+    kind: str
+    deps: tuple[int, ...] = ()
+    channel_id: int | None = None
+    pairs: Pairs | None = None
+    payload: tuple[tuple[int, ...], str] | None = None
+
+
+@dataclass(frozen=True)
+class OrderPlan:
+    order: list[int]
+    #: (send index, recv index) of every transfer.
+    matches: list[tuple[int, int]]
+
+    @property
+    def changed(self) -> bool:
+        return self.order != sorted(self.order)
+
+
+def _ordinal(k: int) -> str:
+    return f"#{k}"
+
+
+def plan_send_recv_order(nodes: Sequence[OrderNode], where: str) -> OrderPlan:
+    """A deadlock-free order of ``nodes`` (indices) and the send/recv matches; raises if none exists."""
+    sends: dict[int, list[int]] = {}
+    recvs: dict[int, list[int]] = {}
+    effects: list[int] = []
+    for i, node in enumerate(nodes):
+        if node.kind == "send":
+            sends.setdefault(int(node.channel_id or 0), []).append(i)
+        elif node.kind == "recv":
+            recvs.setdefault(int(node.channel_id or 0), []).append(i)
+        elif node.kind == "effect":
+            effects.append(i)
+    matches: list[tuple[int, int]] = []
+    for channel in sorted(set(sends) | set(recvs)):
+        s_list, r_list = sends.get(channel, []), recvs.get(channel, [])
+        if len(s_list) != len(r_list):
+            raise SendRecvOrderError(
+                f"OrderSendRecv: channel_id {channel} in {where} has {len(s_list)} send(s) and {len(r_list)} recv(s); "
+                "every send needs one recv of the same channel in the same function "
+                "(the k-th send of a channel is matched with its k-th recv)"
+            )
+        for k, (s, r) in enumerate(zip(s_list, r_list)):
+            sp, rp = nodes[s].pairs or (), nodes[r].pairs or ()
+            if sp != rp:
+                raise SendRecvOrderError(
+                    f"OrderSendRecv: send {_ordinal(k)} and recv {_ordinal(k)} of channel_id {channel} in {where} name "
+                    f"different source_target_pairs ({encode_pairs(sp)!r} vs {encode_pairs(rp)!r}); "
+                    "a send and its recv must name the same pairs"
+                )
+            a, b = nodes[s].payload, nodes[r].payload
+            if a is not None and b is not None and a != b:
+                raise SendRecvOrderError(
+                    f"OrderSendRecv: send {_ordinal(k)} of channel_id {channel} in {where} moves shape {a[0]} {a[1]} "
+                    f"but its recv expects shape {b[0]} {b[1]}"
+                )
+            matches.append((s, r))
+
+    preds: list[set[int]] = [set(node.deps) for node in nodes]
+    for chain in [*sends.values(), *recvs.values(), effects]:
+        for a, b in zip(chain, chain[1:]):
+            preds[b].add(a)
+
+    # Same-channel self-dependence gets its own message: the common mistake.
+    ancestors: list[int] = []
+    for i in range(len(nodes)):
+        bits = 0
+        for d in preds[i]:
+            if d < i:
+                bits |= ancestors[d] | (1 << d)
+        ancestors.append(bits)
+    for channel, s_list in sends.items():
+        r_list = recvs[channel]
+        for k, s in enumerate(s_list):
+            for j in range(k, len(r_list)):
+                if ancestors[s] >> r_list[j] & 1:
+                    raise SendRecvOrderError(
+                        f"OrderSendRecv: in {where}, the payload of send {_ordinal(k)} on channel_id {channel} depends on "
+                        f"recv {_ordinal(j)} of the same channel, which cannot complete before that send: "
+                        "every rank would wait forever"
+                    )
+
+    for s, r in matches:
+        preds[r].add(s)
+    users: list[list[int]] = [[] for _ in nodes]
+    for i, p in enumerate(preds):
+        for d in p:
+            users[d].append(i)
+    topo = _topological(preds, users, list(range(len(nodes))))
+    if len(topo) != len(nodes):
+        stuck = sorted(
+            {int(nodes[i].channel_id or 0) for i in set(range(len(nodes))) - set(topo) if nodes[i].kind in ("send", "recv")}
+        )
+        raise SendRecvOrderError(
+            f"OrderSendRecv: in {where}, sends and recvs on channel_id(s) {', '.join(map(str, stuck))} form a cycle "
+            "(a send's payload needs a recv whose own send needs it): every rank would wait forever"
+        )
+    # A unit is due where the earliest unit that needs it stood: a send (and what it reads) moves
+    # up to just before its recv instead of the recv sinking down to the send.
+    due = list(range(len(nodes)))
+    for i in reversed(topo):
+        for u in users[i]:
+            due[i] = min(due[i], due[u])
+    order = _topological(preds, users, due)
+    return OrderPlan(order=order, matches=matches)
+
+
+def _topological(preds: list[set[int]], users: list[list[int]], priority: list[int]) -> list[int]:
+    """Kahn's algorithm, always taking the ready unit of lowest (priority, index)."""
+    pending = [len(p) for p in preds]
+    ready = [(priority[i], i) for i, n in enumerate(pending) if n == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        _, i = heapq.heappop(ready)
+        order.append(i)
+        for u in users[i]:
+            pending[u] -= 1
+            if pending[u] == 0:
+                heapq.heappush(ready, (priority[u], u))
+    return order
+
+
+def is_deadlock_free(plan: OrderPlan) -> bool:
+    """Whether the program order (indices ascending) already runs every matched send first."""
+    return all(s < r for s, r in plan.matches)

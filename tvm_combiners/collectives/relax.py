@@ -1,0 +1,376 @@
+"""Collective ops in Relax (apache-tvm 0.27): builders, registration, type inference, lowering.
+
+Ops ``relax.collectives.<kind>`` print as ``R.collectives.allreduce(x, groups="", op="sum")``;
+their attributes are ``ir.DictAttrs`` (see :mod:`.spec` for the layout), so calls compare and hash
+structurally and :func:`info` reads them back as a :class:`~.spec.CollectiveSpec`.
+
+Side effects: allreduce, allgather, reduce_scatter, send and recv are registered impure
+(``FPurity`` False): they live outside dataflow blocks, in functions marked ``pure=False``, and
+DeadCodeElimination and CSE leave them alone. Their lowering (``FLegalize``) stays impure too:
+``out = R.builtin.alloc_tensor(...)`` then ``R.call_packed("tvm_combiners.<kind>", ..., out)``, which
+the default pipeline never drops (``call_dps_packed`` is pure and would be). ``after_all`` is pure
+and lowers to a constant token: tokens only order the IR.
+
+Deadlock freedom: run :func:`OrderSendRecv` before legalization (or use :func:`pipeline`, which
+puts it in front of TVM's default pipeline). If a module reaches legalization with a recv placed
+before the send it matches, legalization stops with an error naming ``OrderSendRecv`` instead of
+producing a program that waits forever.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import tvm
+from tvm import ir, relax, tirx
+from tvm.relax.utils import convert_to_expr
+
+from . import spec as S
+from .ordering import OrderNode, OrderPlan, SendRecvOrderError, is_deadlock_free, plan_send_recv_order
+
+__all__ = [
+    "allreduce",
+    "allgather",
+    "reduce_scatter",
+    "send",
+    "recv",
+    "after_all",
+    "token",
+    "info",
+    "is_collective",
+    "OrderSendRecv",
+    "pipeline",
+]
+
+
+# --------------------------------------------------------------------------- types
+
+
+def _type_of(expr: relax.Expr) -> Any:
+    ty = getattr(expr, "ty", None)
+    if ty is None or type(ty) is ir.Type:  # not normalized yet: infer it now
+        ty = relax.BlockBuilder().normalize(expr).ty
+    return ty
+
+
+def _dims(ty: Any) -> tuple[list[Any] | None, str | None]:
+    """(dims, dtype) of a tensor type: ints for static extents, PrimExprs otherwise; None if no tensor."""
+    if not isinstance(ty, relax.TensorType) or ty.ndim < 0:
+        return None, None if not isinstance(ty, relax.TensorType) else str(ty.dtype)
+    if ty.shape is None:
+        return [tirx.Var(f"d{i}", "int64") for i in range(ty.ndim)], str(ty.dtype)
+    dims = [int(d) if isinstance(d, tirx.IntImm) else d for d in ty.shape.values]
+    return dims, str(ty.dtype)
+
+
+def _describe(ty: Any) -> str:
+    return str(ty) if ty is not None else "nothing"
+
+
+def _check_tensor(kind: str, what: str, ty: Any) -> tuple[list[Any], str]:
+    dims, dtype = _dims(ty)
+    if dims is None or dtype is None:
+        raise S.CollectiveError(f"{kind}: {what} must be a tensor of known rank, got {_describe(ty)}")
+    return dims, dtype
+
+
+def _check_token(kind: str, what: str, ty: Any) -> None:
+    dims, dtype = _dims(ty)
+    S.check_token(kind, what, dims, dtype)
+
+
+# --------------------------------------------------------------------------- registration
+
+
+def _infer(call: relax.Call, _bb: relax.BlockBuilder) -> relax.TensorType:
+    kind = S.kind_of_op_name(call.op.name)
+    assert kind is not None
+    spec = S.CollectiveSpec.from_attrs(kind, call.attrs)
+    if kind == "after_all":
+        fields = _type_of(call.args[0])
+        if not isinstance(fields, relax.TupleType):
+            raise S.CollectiveError(f"after_all: its argument must be a tuple of tokens, got {_describe(fields)}")
+        for i, f in enumerate(fields.fields):
+            _check_token(kind, f"argument {i}", f)
+    elif kind == "recv":
+        _check_token(kind, "token", _type_of(call.args[0]))
+    elif kind == "send":
+        _, dtype = _check_tensor(kind, "x", _type_of(call.args[0]))
+        S.check_dtype(kind, dtype)
+        _check_token(kind, "token", _type_of(call.args[1]))
+    shape, dtype = (None, None) if kind in ("send", "recv", "after_all") else _check_tensor(kind, "x", _type_of(call.args[0]))
+    out_shape, out_dtype = S.infer_type(spec, shape, dtype)
+    return relax.TensorType(list(out_shape), out_dtype)
+
+
+def _legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    kind = S.kind_of_op_name(call.op.name)
+    assert kind is not None
+    if kind == "after_all":
+        return relax.const(0, S.TOKEN_DTYPE)
+    if kind in S.P2P_KINDS:
+        _check_module_order(bb.get())
+    spec = S.CollectiveSpec.from_attrs(kind, call.attrs)
+    name, extra = spec.runtime_call()
+    ty = call.ty
+    out = bb.emit(relax.op.builtin.alloc_tensor(ty.shape, str(ty.dtype), 0))
+    inputs = [] if kind == "recv" else [call.args[0]]
+    args = [*inputs, *(convert_to_expr(e) for e in extra), out]
+    bb.emit(relax.Call(relax.ExternFunc(name), args, ty_args=[relax.ObjectType()]))
+    return out
+
+
+def _register() -> None:
+    """Register every op once; importing this module again leaves the registry as it is."""
+    for kind in S.KINDS:
+        name = S.relax_op_name(kind)
+        try:
+            op = ir.Op.get(name)
+        except Exception:  # noqa: BLE001 - Op.get raises a TVM error for unknown ops
+            ir._ffi_api.RegisterOp(name, f"tvm_combiners collective op {kind}")
+            op = ir.Op.get(name)
+        if op.get_attr("FInferType") is None:
+            ir.register_op_attr(name, "FInferType", _infer)
+        if op.get_attr("FPurity") is None:
+            ir.register_op_attr(name, "FPurity", kind not in S.IMPURE_KINDS)
+        if op.get_attr("FLegalize") is None:
+            ir.register_op_attr(name, "FLegalize", _legalize)
+
+
+_register()
+
+
+# --------------------------------------------------------------------------- builders
+
+
+def _call(spec: S.CollectiveSpec, args: Sequence[relax.Expr]) -> relax.Call:
+    return relax.Call(ir.Op.get(spec.op_name_relax), list(args), ir.make_node("ir.DictAttrs", **spec.attrs()))
+
+
+def token() -> relax.Expr:
+    """A fresh token (orders nothing): what ``token=None`` stands for."""
+    return relax.const(0, S.TOKEN_DTYPE)
+
+
+def _token_arg(kind: str, tok: relax.Expr | None) -> relax.Expr:
+    if tok is None:
+        return token()
+    if not isinstance(tok, relax.Expr):
+        raise S.CollectiveError(f"{kind}: token must be {S.TOKEN_DESCRIPTION}, got {tok!r}")
+    _check_token(kind, "token", _type_of(tok))
+    return tok
+
+
+def _operand(kind: str, x: relax.Expr) -> tuple[list[Any], str]:
+    if not isinstance(x, relax.Expr):
+        raise S.CollectiveError(f"{kind}: x must be a Relax expression holding a tensor, got {x!r}")
+    return _check_tensor(kind, "x", _type_of(x))
+
+
+def allreduce(x: relax.Expr, op: str = "sum", group: Any = None, *, world_size: int | None = None) -> relax.Call:
+    """Reduce ``x`` elementwise over the ranks of each group; every rank gets the result."""
+    spec = S.allreduce_spec(op, group, world_size)
+    shape, dtype = _operand("allreduce", x)
+    S.infer_type(spec, shape, dtype)
+    return _call(spec, [x])
+
+
+def allgather(x: relax.Expr, axis: int = 0, group: Any = None, *, world_size: int | None = None) -> relax.Call:
+    """Concatenate ``x`` of every rank of the group along ``axis``, in the group's rank order."""
+    shape, dtype = _operand("allgather", x)
+    spec = S.allgather_spec(axis, len(shape), group, world_size)
+    S.infer_type(spec, shape, dtype)
+    return _call(spec, [x])
+
+
+def reduce_scatter(
+    x: relax.Expr, op: str = "sum", axis: int = 0, group: Any = None, *, world_size: int | None = None
+) -> relax.Call:
+    """Reduce ``x`` over the group; the rank at position i of its group keeps chunk i along ``axis``."""
+    shape, dtype = _operand("reduce_scatter", x)
+    spec = S.reduce_scatter_spec(op, axis, len(shape), group, world_size)
+    S.infer_type(spec, shape, dtype)
+    return _call(spec, [x])
+
+
+def send(
+    x: relax.Expr,
+    source_target_pairs: Any,
+    channel_id: int = 0,
+    is_host_transfer: bool = False,
+    token: relax.Expr | None = None,
+) -> relax.Call:
+    """Send ``x`` from each source to its target (StableHLO send); returns a token."""
+    spec = S.send_spec(source_target_pairs, channel_id, is_host_transfer)
+    _, dtype = _operand("send", x)
+    S.check_dtype("send", dtype)
+    tok = _token_arg("send", token)
+    return _call(spec, [x, tok])
+
+
+def recv(
+    shape: Sequence[int],
+    dtype: str,
+    source_target_pairs: Any,
+    channel_id: int = 0,
+    is_host_transfer: bool = False,
+    token: relax.Expr | None = None,
+) -> relax.Call:
+    """Receive a ``shape``/``dtype`` payload from this rank's source; zeros on a rank no pair targets."""
+    spec = S.recv_spec(shape, dtype, source_target_pairs, channel_id, is_host_transfer)
+    tok = _token_arg("recv", token)
+    return _call(spec, [tok])
+
+
+def after_all(*tokens: relax.Expr) -> relax.Call:
+    """One token that comes after all ``tokens``."""
+    for i, t in enumerate(tokens):
+        if not isinstance(t, relax.Expr):
+            raise S.CollectiveError(f"after_all: argument {i} must be {S.TOKEN_DESCRIPTION}, got {t!r}")
+        _check_token("after_all", f"argument {i}", _type_of(t))
+    return _call(S.CollectiveSpec("after_all"), [relax.Tuple(list(tokens))])
+
+
+# --------------------------------------------------------------------------- read back
+
+
+def info(expr: Any) -> S.CollectiveSpec | None:
+    """The spec of a collective call (kind, reduction, axis, groups, pairs, ...), None otherwise."""
+    if not isinstance(expr, relax.Call) or not isinstance(expr.op, ir.Op):
+        return None
+    kind = S.kind_of_op_name(expr.op.name)
+    if kind is None or not expr.op.name.startswith(S.RELAX_PREFIX):
+        return None
+    return S.CollectiveSpec.from_attrs(kind, expr.attrs)
+
+
+def is_collective(expr: Any, kinds: Sequence[str] = S.KINDS) -> bool:
+    spec = info(expr)
+    return spec is not None and spec.kind in kinds
+
+
+# --------------------------------------------------------------------------- ordering pass
+
+
+def _units(body: relax.SeqExpr) -> list[tuple[Any, bool]]:
+    """The body's units in order: (binding, False) outside dataflow, (block, True) per dataflow block."""
+    out: list[tuple[Any, bool]] = []
+    for block in body.blocks:
+        if isinstance(block, relax.DataflowBlock):
+            out.append((block, True))
+        else:
+            out.extend((b, False) for b in block.bindings)
+    return out
+
+
+def _payload(ty: Any) -> tuple[tuple[int, ...], str] | None:
+    dims, dtype = _dims(ty)
+    if dims is None or dtype is None or not all(isinstance(d, int) for d in dims):
+        return None
+    return tuple(dims), dtype
+
+
+def _order_nodes(units: list[tuple[Any, bool]]) -> list[OrderNode]:
+    defined: dict[Any, int] = {}
+    nodes: list[OrderNode] = []
+    for i, (unit, is_block) in enumerate(units):
+        if is_block:
+            values = [b.value for b in unit.bindings]
+            own = {b.var for b in unit.bindings}
+            out_vars = [b.var for b in unit.bindings]
+        else:
+            values, own, out_vars = [unit.value], set(), [unit.var]
+        deps = sorted({defined[v] for val in values for v in relax.analysis.free_vars(val) if v not in own and v in defined})
+        node = OrderNode("other", tuple(deps))
+        if not is_block:
+            spec = info(unit.value)
+            if spec is not None and spec.kind == "send":
+                node = OrderNode("send", node.deps, spec.channel_id, spec.pairs, _payload(_type_of(unit.value.args[0])))
+            elif spec is not None and spec.kind == "recv":
+                assert spec.shape is not None and spec.dtype is not None
+                node = OrderNode("recv", node.deps, spec.channel_id, spec.pairs, (spec.shape, spec.dtype))
+            elif spec is None and relax.analysis.contains_impure_call(unit.value):
+                node = OrderNode("effect", node.deps)
+        nodes.append(node)
+        for v in out_vars:
+            defined[v] = i
+    return nodes
+
+
+def _plan(name: str, func: relax.Function) -> tuple[list[tuple[Any, bool]], OrderPlan] | None:
+    if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+        return None
+    units = _units(func.body)
+    nodes = _order_nodes(units)
+    if not any(n.kind in S.P2P_KINDS for n in nodes):
+        return None
+    return units, plan_send_recv_order(nodes, f"function '{name}'")
+
+
+def _reorder(func: relax.Function, units: list[tuple[Any, bool]], order: list[int]) -> relax.Function:
+    blocks: list[relax.BindingBlock] = []
+    pending: list[Any] = []
+    for i in order:
+        unit, is_block = units[i]
+        if is_block:
+            if pending:
+                blocks.append(relax.BindingBlock(pending))
+                pending = []
+            blocks.append(unit)
+        else:
+            pending.append(unit)
+    if pending:
+        blocks.append(relax.BindingBlock(pending))
+    body = relax.BlockBuilder().normalize(relax.SeqExpr(blocks, func.body.body))
+    return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
+
+
+def OrderSendRecv() -> tvm.transform.Pass:  # noqa: N802 - a pass factory, named like TVM's passes
+    """Reorder every function so each send runs before the recv it is matched with.
+
+    Sends and recvs of one channel match in program order. Units move as little as possible
+    (a stable topological order); dataflow blocks move as a whole. Raises
+    :class:`~.ordering.SendRecvOrderError` for a cycle (a send needing its own recv), unmatched
+    counts, or a send and its recv that disagree on pairs or payload type.
+    """
+
+    def transform(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        updates = {}
+        for gv, func in mod.functions_items():
+            planned = _plan(gv.name_hint, func)
+            if planned is not None and planned[1].changed:
+                updates[gv] = _reorder(func, planned[0], planned[1].order)
+        if not updates:
+            return mod
+        mod = mod.clone()
+        for gv, func in updates.items():
+            mod[gv] = func
+        return mod
+
+    return tvm.transform.module_pass(transform, opt_level=0, name="OrderSendRecv")
+
+
+_checked: list[tvm.IRModule] = []
+
+
+def _check_module_order(mod: tvm.IRModule) -> None:
+    """Legalization's safety net: refuse a module whose recvs run before their sends."""
+    if _checked and _checked[0].same_as(mod):
+        return
+    for gv, func in mod.functions_items():
+        planned = _plan(gv.name_hint, func)
+        if planned is not None and not is_deadlock_free(planned[1]):
+            raise SendRecvOrderError(
+                f"OrderSendRecv: function '{gv.name_hint}' runs a recv before the send it is matched with, "
+                "so every rank would wait forever; apply tvm_combiners.collectives.relax.OrderSendRecv() before "
+                "legalization (or compile with tvm_combiners.collectives.relax.pipeline(target))"
+            )
+    _checked[:] = [mod]
+
+
+def pipeline(target: Any = None) -> tvm.transform.Pass:
+    """``OrderSendRecv`` followed by TVM's default pipeline for ``target``: the compile path for p2p ops."""
+    target = tvm.target.Target(target) if isinstance(target, (str, dict)) else target
+    default = relax.get_default_pipeline(target) if target is not None else relax.get_pipeline()
+    return tvm.transform.Sequential([OrderSendRecv(), default], name="collectives_pipeline")
