@@ -1,0 +1,399 @@
+"""Collective ops in Relay (TVM builds with Relay, e.g. hhb-tvm 3.2.3): builders, registration, lowering.
+
+Ops ``collectives.<kind>`` with ``DictAttrs`` (layout in :mod:`.spec`): they print, compare and hash
+structurally, and :func:`info` reads them back as a :class:`~.spec.CollectiveSpec`.
+
+Side effects: every op is ``OPAQUE`` (never fused) and the ones with effects are registered
+stateful, which keeps EliminateCommonSubexpr and FoldConstant away from them. Relay has no program
+order: an op runs when something uses its result, so a send must reach the function's result
+through its token (return it, pass it to a recv or another send, or join it with ``after_all``);
+an allreduce whose result is part of the output always runs, even where nothing reads it further.
+
+Lowering: ``te.extern`` calling ``tvm.tir.call_packed("tvm_combiners.<kind>", ..., out)`` (graph
+executor and VM alike); token operands stay inputs of the lowered function, so they order the
+graph, but are never handed to the runtime.
+
+Deadlock freedom: apply :func:`OrderSendRecv` to the module before ``relay.build`` (Relay has no
+hook for user passes in its build). It adds token edges so every send runs before the recv it is
+matched with, whatever order the executor picks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import tvm
+from tvm import relay, te, topi
+from tvm.relay.op import op as _op
+from tvm.relay.op.strategy.generic import wrap_topi_schedule
+
+from . import spec as S
+from .ordering import OrderNode, SendRecvOrderError, plan_send_recv_order
+
+__all__ = [
+    "allreduce",
+    "allgather",
+    "reduce_scatter",
+    "send",
+    "recv",
+    "after_all",
+    "token",
+    "info",
+    "is_collective",
+    "OrderSendRecv",
+]
+
+_INPUTS = {
+    "allreduce": (("x", "Tensor"),),
+    "allgather": (("x", "Tensor"),),
+    "reduce_scatter": (("x", "Tensor"),),
+    "send": (("x", "Tensor"), ("token", "Tensor")),
+    "recv": (("token", "Tensor"),),
+    "after_all": (("tokens", "Tuple"),),
+}
+_MARKER = "tvm_combiners.collectives.relay_registered"
+
+
+# --------------------------------------------------------------------------- types
+
+
+def _dims(ty: Any) -> tuple[list[Any] | None, str | None]:
+    if not isinstance(ty, relay.TensorType):
+        return None, None
+    return [int(d) if isinstance(d, tvm.tir.IntImm) else d for d in ty.shape], str(ty.dtype)
+
+
+def _type_of(expr: relay.Expr) -> Any:
+    try:
+        return expr.checked_type
+    except ValueError:  # not inferred yet
+        pass
+    if isinstance(expr, relay.Var):
+        return expr.type_annotation
+    return relay.transform.InferTypeLocal(expr)
+
+
+def _check_tensor(kind: str, what: str, ty: Any) -> tuple[list[Any], str]:
+    dims, dtype = _dims(ty)
+    if dims is None or dtype is None:
+        raise S.CollectiveError(f"{kind}: {what} must be a tensor of known rank, got {ty}")
+    return dims, dtype
+
+
+def _check_token(kind: str, what: str, ty: Any) -> None:
+    dims, dtype = _dims(ty)
+    S.check_token(kind, what, dims, dtype)
+
+
+def _rel(kind: str):
+    def rel(arg_types: Sequence[Any], attrs: Any) -> Any:
+        spec = S.CollectiveSpec.from_attrs(kind, attrs)
+        if kind == "after_all":
+            tup = arg_types[0]
+            if not isinstance(tup, relay.TupleType):
+                raise S.CollectiveError(f"after_all: its argument must be a tuple of tokens, got {tup}")
+            for i, f in enumerate(tup.fields):
+                _check_token(kind, f"argument {i}", f)
+        elif kind == "recv":
+            _check_token(kind, "token", arg_types[0])
+        elif kind == "send":
+            _, dtype = _check_tensor(kind, "x", arg_types[0])
+            S.check_dtype(kind, dtype)
+            _check_token(kind, "token", arg_types[1])
+        shape, dtype = (None, None) if kind in ("send", "recv", "after_all") else _check_tensor(kind, "x", arg_types[0])
+        out_shape, out_dtype = S.infer_type(spec, shape, dtype)
+        return relay.TensorType(list(out_shape), out_dtype)
+
+    return rel
+
+
+def _compute(kind: str):
+    def compute(attrs: Any, inputs: Sequence[te.Tensor], out_type: Any) -> list[te.Tensor]:
+        if kind == "after_all":
+            return [te.compute((), lambda: tvm.tir.const(0, S.TOKEN_DTYPE), name="after_all")]
+        spec = S.CollectiveSpec.from_attrs(kind, attrs)
+        name, extra = spec.runtime_call()
+        ins = list(inputs)
+        n_payload = 0 if kind == "recv" else 1
+
+        def body(ins_buf: Sequence[Any], outs: Sequence[Any]) -> Any:
+            return tvm.tir.call_packed(name, *ins_buf[:n_payload], *extra, outs[0])
+
+        out = te.extern([out_type.shape], ins, body, dtype=[out_type.dtype], name=kind)
+        return [out]
+
+    return compute
+
+
+def _register() -> None:
+    """Register every op once per process (a re-import finds the marker and leaves them be)."""
+    if tvm.get_global_func(_MARKER, allow_missing=True) is not None:
+        return
+    for kind in S.KINDS:
+        name = S.relay_op_name(kind)
+        _op.register(name, f"tvm_combiners collective op {kind}")
+        op = _op.get(name)
+        op.set_num_inputs(len(_INPUTS[kind]))
+        for arg, ty in _INPUTS[kind]:
+            op.add_argument(arg, ty, f"{arg} of {kind}")
+        op.add_type_rel(f"CollectivesRel_{kind}", _rel(kind))
+        _op.register_pattern(name, _op.OpPattern.OPAQUE)
+        if kind in S.IMPURE_KINDS:
+            _op.register_stateful(name, True)
+        compute = _compute(kind)
+        _op.register_compute(name, compute)
+
+        def strategy(attrs: Any, inputs: Any, out_type: Any, target: Any, compute: Any = compute, kind: str = kind):
+            s = _op.OpStrategy()
+            s.add_implementation(compute, wrap_topi_schedule(topi.generic.schedule_extern), name=f"collectives.{kind}")
+            return s
+
+        generic = tvm.target.override_native_generic_func(f"collectives_{kind}_strategy")(strategy)
+        _op.register_strategy(name, generic)
+    tvm.register_func(_MARKER, lambda: True)
+
+
+_register()
+
+
+# --------------------------------------------------------------------------- builders
+
+
+def _call(spec: S.CollectiveSpec, args: Sequence[relay.Expr]) -> relay.Call:
+    return relay.Call(_op.get(spec.op_name_relay), list(args), tvm.ir.make_node("DictAttrs", **spec.attrs()))
+
+
+def token() -> relay.Expr:
+    """A fresh token (orders nothing): what ``token=None`` stands for."""
+    return relay.const(0, S.TOKEN_DTYPE)
+
+
+def _token_arg(kind: str, tok: Any) -> relay.Expr:
+    if tok is None:
+        return token()
+    if not isinstance(tok, relay.Expr):
+        raise S.CollectiveError(f"{kind}: token must be {S.TOKEN_DESCRIPTION}, got {tok!r}")
+    _check_token(kind, "token", _type_of(tok))
+    return tok
+
+
+def _operand(kind: str, x: Any) -> tuple[list[Any], str]:
+    if not isinstance(x, relay.Expr):
+        raise S.CollectiveError(f"{kind}: x must be a Relay expression holding a tensor, got {x!r}")
+    return _check_tensor(kind, "x", _type_of(x))
+
+
+def allreduce(x: relay.Expr, op: str = "sum", group: Any = None, *, world_size: int | None = None) -> relay.Call:
+    """Reduce ``x`` elementwise over the ranks of each group; every rank gets the result."""
+    spec = S.allreduce_spec(op, group, world_size)
+    shape, dtype = _operand("allreduce", x)
+    S.infer_type(spec, shape, dtype)
+    return _call(spec, [x])
+
+
+def allgather(x: relay.Expr, axis: int = 0, group: Any = None, *, world_size: int | None = None) -> relay.Call:
+    """Concatenate ``x`` of every rank of the group along ``axis``, in the group's rank order."""
+    shape, dtype = _operand("allgather", x)
+    spec = S.allgather_spec(axis, len(shape), group, world_size)
+    S.infer_type(spec, shape, dtype)
+    return _call(spec, [x])
+
+
+def reduce_scatter(
+    x: relay.Expr, op: str = "sum", axis: int = 0, group: Any = None, *, world_size: int | None = None
+) -> relay.Call:
+    """Reduce ``x`` over the group; the rank at position i of its group keeps chunk i along ``axis``."""
+    shape, dtype = _operand("reduce_scatter", x)
+    spec = S.reduce_scatter_spec(op, axis, len(shape), group, world_size)
+    S.infer_type(spec, shape, dtype)
+    return _call(spec, [x])
+
+
+def send(
+    x: relay.Expr,
+    source_target_pairs: Any,
+    channel_id: int = 0,
+    is_host_transfer: bool = False,
+    token: relay.Expr | None = None,
+) -> relay.Call:
+    """Send ``x`` from each source to its target (StableHLO send); returns a token."""
+    spec = S.send_spec(source_target_pairs, channel_id, is_host_transfer)
+    _, dtype = _operand("send", x)
+    S.check_dtype("send", dtype)
+    tok = _token_arg("send", token)
+    return _call(spec, [x, tok])
+
+
+def recv(
+    shape: Sequence[int],
+    dtype: str,
+    source_target_pairs: Any,
+    channel_id: int = 0,
+    is_host_transfer: bool = False,
+    token: relay.Expr | None = None,
+) -> relay.Call:
+    """Receive a ``shape``/``dtype`` payload from this rank's source; zeros on a rank no pair targets."""
+    spec = S.recv_spec(shape, dtype, source_target_pairs, channel_id, is_host_transfer)
+    tok = _token_arg("recv", token)
+    return _call(spec, [tok])
+
+
+def after_all(*tokens: relay.Expr) -> relay.Call:
+    """One token that comes after all ``tokens``."""
+    for i, t in enumerate(tokens):
+        if not isinstance(t, relay.Expr):
+            raise S.CollectiveError(f"after_all: argument {i} must be {S.TOKEN_DESCRIPTION}, got {t!r}")
+        _check_token("after_all", f"argument {i}", _type_of(t))
+    return _call(S.CollectiveSpec("after_all"), [relay.Tuple(list(tokens))])
+
+
+# --------------------------------------------------------------------------- read back
+
+
+def info(expr: Any) -> S.CollectiveSpec | None:
+    """The spec of a collective call (kind, reduction, axis, groups, pairs, ...), None otherwise."""
+    if not isinstance(expr, relay.Call) or not isinstance(expr.op, tvm.ir.Op):
+        return None
+    name = expr.op.name
+    kind = S.kind_of_op_name(name)
+    if kind is None or not name.startswith(S.RELAY_PREFIX):
+        return None
+    return S.CollectiveSpec.from_attrs(kind, expr.attrs)
+
+
+def is_collective(expr: Any, kinds: Sequence[str] = S.KINDS) -> bool:
+    spec = info(expr)
+    return spec is not None and spec.kind in kinds
+
+
+# --------------------------------------------------------------------------- ordering pass
+
+
+def _graph(body: relay.Expr) -> tuple[list[relay.Expr], list[OrderNode]]:
+    """Post-order nodes of a dataflow body (the order Relay's executors use) and their order view."""
+    exprs: list[relay.Expr] = []
+    relay.analysis.post_order_visit(body, exprs.append)
+    index = {e: i for i, e in enumerate(exprs)}
+    bound: dict[relay.Var, relay.Expr] = {}
+    for e in exprs:
+        if isinstance(e, relay.Let):
+            bound[e.var] = e.value
+    nodes: list[OrderNode] = []
+    for e in exprs:
+        if isinstance(e, relay.Call):
+            reads = list(e.args) + ([e.op] if not isinstance(e.op, tvm.ir.Op) else [])
+        elif isinstance(e, relay.Tuple):
+            reads = list(e.fields)
+        elif isinstance(e, relay.TupleGetItem):
+            reads = [e.tuple_value]
+        elif isinstance(e, relay.Let):
+            reads = [e.value, e.body]
+        elif isinstance(e, relay.If):
+            reads = [e.cond, e.true_branch, e.false_branch]
+        elif isinstance(e, relay.Var) and e in bound:
+            reads = [bound[e]]
+        else:
+            reads = []
+        deps = tuple(sorted({index[r] for r in reads if r in index}))
+        spec = info(e)
+        if spec is not None and spec.kind == "send":
+            dims, dtype = _dims(_type_of(e.args[0]))
+            payload = (tuple(dims), dtype) if dims is not None and all(isinstance(d, int) for d in dims) else None
+            nodes.append(OrderNode("send", deps, spec.channel_id, spec.pairs, payload))
+        elif spec is not None and spec.kind == "recv":
+            nodes.append(OrderNode("recv", deps, spec.channel_id, spec.pairs, (spec.shape, spec.dtype)))
+        else:
+            nodes.append(OrderNode("other", deps))
+    return exprs, nodes
+
+
+def _ancestors(nodes: Sequence[OrderNode]) -> list[int]:
+    out: list[int] = []
+    for node in nodes:
+        bits = 0
+        for d in node.deps:
+            bits |= out[d] | (1 << d)
+        out.append(bits)
+    return out
+
+
+class _AddTokens(relay.ExprMutator):
+    """Order ``call`` after extra sends by joining their tokens into its token operand."""
+
+    def __init__(self, after: dict[relay.Expr, list[relay.Expr]]):
+        super().__init__()
+        self.after = after
+
+    def visit_call(self, call: relay.Call) -> relay.Expr:
+        new = super().visit_call(call)
+        extra = self.after.get(call)
+        if not extra:
+            return new
+        args = list(new.args)
+        tokens = [args[-1], *(self.visit(e) for e in extra)]
+        args[-1] = relay.Call(_op.get(S.relay_op_name("after_all")), [relay.Tuple(tokens)], tvm.ir.make_node("DictAttrs"))
+        return relay.Call(new.op, args, new.attrs, new.type_args, new.span)
+
+
+def _order_function(name: str, func: relay.Function) -> relay.Function:
+    exprs, nodes = _graph(func.body)
+    if not any(n.kind in S.P2P_KINDS for n in nodes):
+        return func
+    where = f"function '{name}'"
+    plan = plan_send_recv_order(nodes, where)
+    anc = _ancestors(nodes)
+
+    def before(a: int, b: int) -> bool:
+        return bool(anc[b] >> a & 1)
+
+    after: dict[relay.Expr, list[relay.Expr]] = {}
+    for s, r in plan.matches:
+        if not before(s, r):
+            after.setdefault(exprs[r], []).append(exprs[s])
+    by_channel: dict[tuple[str, int], list[int]] = {}
+    for i, n in enumerate(nodes):
+        if n.kind in S.P2P_KINDS:
+            by_channel.setdefault((n.kind, int(n.channel_id or 0)), []).append(i)
+    for (kind, channel), members in sorted(by_channel.items()):
+        for k, (a, b) in enumerate(zip(members, members[1:])):
+            if before(a, b):
+                continue
+            if kind == "send":
+                after.setdefault(exprs[b], []).append(exprs[a])
+            else:
+                raise SendRecvOrderError(
+                    f"OrderSendRecv: recv #{k} and recv #{k + 1} of channel_id {channel} in {where} are not ordered "
+                    "by their data, and Relay may run them in either order; give each transfer its own channel_id "
+                    "or make the later recv depend on the earlier one"
+                )
+    if not after:
+        return func
+    body = _AddTokens(after).visit(func.body)
+    return relay.Function(func.params, body, func.ret_type, func.type_params, func.attrs, func.span)
+
+
+def OrderSendRecv() -> tvm.transform.Pass:  # noqa: N802 - a pass factory, named like TVM's passes
+    """Give every recv its matched send's token (and chain each channel's sends), so no rank waits forever.
+
+    Sends and recvs of one channel match in the executors' order (post-order). Raises
+    :class:`~.ordering.SendRecvOrderError` for a cycle, unmatched counts, mismatched pairs or
+    payload types, or two recvs of one channel that nothing orders.
+    """
+
+    def transform(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        mod = relay.transform.InferType()(mod)
+        updates = {}
+        for gv, func in mod.functions.items():
+            if isinstance(func, relay.Function):
+                new = _order_function(gv.name_hint, func)
+                if not new.same_as(func):
+                    updates[gv] = new
+        if not updates:
+            return mod
+        new_mod = tvm.IRModule(dict(mod.functions.items()), mod.type_definitions, attrs=mod.attrs)
+        for gv, func in updates.items():
+            new_mod[gv] = func
+        return relay.transform.InferType()(new_mod)
+
+    return tvm.transform.module_pass(transform, opt_level=0, name="OrderSendRecv")
