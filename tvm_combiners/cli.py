@@ -1,39 +1,127 @@
-"""``tvm-combiners``: the command-line main job."""
+"""``tvm-combiners``: the command-line main job.
+
+Every failure ends in one line on stderr, ``tvm-combiners: error: <file>: <stage>: <what is
+wrong>``, and a non-zero exit: 2 for a bad model or option, 1 for a bug of ours (the line then
+says so); ``--debug`` adds the traceback. With ``--json`` stdout holds exactly one JSON document,
+the report or ``{"ok": false, "error": {...}}``; progress lines always go to stderr.
+
+A subcommand's module is imported only when that subcommand runs (``run`` never imports MPI).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+PROG = "tvm-combiners"
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tvm-combiners", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="import an ONNX model, combine parallel ops, compile, run and report")
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: its help line and a loader returning ``(add_arguments, main)``.
+
+    The loader runs only for the subcommand being parsed, so its imports stay lazy.
+    """
+
+    help: str
+    load: Callable[[], tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]]
+
+
+def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("model", nargs="?", help="ONNX file (default: paraphrase-MiniLM-L3-v2 from PyPI)")
     run.add_argument("--target", choices=["llvm", "cuda"], default="llvm")
-    run.add_argument("--ir", choices=["relax", "relay"], default="relax")
+    run.add_argument("--ir", choices=["relax", "relay"], default=None,
+                     help="IR to import into (default: relax where apache-tvm 0.27 is installed, else relay)")
     run.add_argument("--batch", type=int, default=1)
     run.add_argument("--seq", type=int, default=128)
     run.add_argument("--repeat", type=int, default=5, help="timed runs per module (median reported)")
     run.add_argument("--no-combine", action="store_true", help="skip the combiner passes")
+    run.add_argument("--json", action="store_true", help="print one JSON document on stdout instead of the table")
+    run.add_argument("--debug", action="store_true", help="show the traceback of an error")
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN or infinity: such floats become the strings 'nan', 'inf', '-inf'."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _error(args: argparse.Namespace, line: str, code: int, detail: dict[str, Any],
+           exc: BaseException | None = None) -> int:
+    """Report a failure: the traceback under --debug, one line on stderr, the JSON error under --json."""
+    if exc is not None and getattr(args, "debug", False):
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    print(f"{PROG}: error: {line}", file=sys.stderr, flush=True)
+    if getattr(args, "json", False):
+        print(json.dumps({"ok": False, "error": {**detail, "exit_code": code}}))
+    return code
+
+
+def _run(args: argparse.Namespace) -> int:
+    for name in ("batch", "seq", "repeat"):
+        value = getattr(args, name)
+        if value < 1:
+            return _error(args, f"--{name} must be a positive integer, got {value}", 2,
+                          {"file": None, "stage": "setup", "message": f"--{name} must be a positive integer"})
+    from .main_job import JobError, run_job
+
+    try:
+        report = run_job(args.model, args.target, args.ir, args.batch, args.seq, not args.no_combine, args.repeat)
+    except JobError as err:
+        line = str(err)
+        if not err.bad_input:
+            line += " (a bug in tvm-combiners: rerun with --debug for the traceback)"
+        return _error(args, line, err.exit_code, err.to_dict(), err)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # a bug outside every stage: still one line
+        from .models.loader import first_line
+
+        line = f"internal error: {type(err).__name__}: {first_line(err)} (a bug in tvm-combiners: rerun with --debug)"
+        return _error(args, line, 1, {"file": args.model, "stage": "internal", "message": line}, err)
+    if args.json:
+        print(json.dumps(_finite(report.to_dict()), indent=2))
+    else:
+        print(report.render())
+    return 0
+
+
+COMMANDS: dict[str, Command] = {
+    "run": Command("import an ONNX model, combine parallel ops, compile, run and report",
+                   lambda: (_add_run_arguments, _run)),
+}
+
+
+def _parser(command: str | None) -> argparse.ArgumentParser:
+    """The parser, with the arguments of ``command`` only (loading no other subcommand)."""
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, cmd in COMMANDS.items():
+        p = sub.add_parser(name, help=cmd.help, description=cmd.help)
+        if name == command:
+            add_arguments, main = cmd.load()
+            add_arguments(p)
+            p.set_defaults(func=main)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    from .main_job import run_job
-
-    if args.batch < 1 or args.seq < 1 or args.repeat < 1:
-        print("tvm-combiners: error: --batch, --seq and --repeat must be positive", file=sys.stderr)
-        return 2
-    try:
-        report = run_job(args.model, args.target, args.ir, args.batch, args.seq, not args.no_combine, args.repeat)
-    except (FileNotFoundError, ImportError, ValueError) as err:
-        print(f"tvm-combiners: error: {err}", file=sys.stderr)
-        return 2
-    print(report.render())
-    return 0
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = argv[0] if argv and argv[0] in COMMANDS else None
+    args = _parser(command).parse_args(argv)
+    return int(args.func(args))
 
 
 if __name__ == "__main__":

@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, TextIO
 
 import numpy as np
 
-from .models import default_model_path, example_inputs, prepare_onnx, run_onnxruntime
+from .models import (
+    ModelError,
+    default_model_path,
+    example_inputs,
+    load_onnx,
+    prepare_onnx,
+    run_onnxruntime,
+)
+from .models.loader import first_line
 
 COUNTED_OPS = ("matmul", "dense", "batch_matmul", "conv2d")
+#: The IRs a job can use, in order of preference.
+IRS = ("relax", "relay")
 
 
 class Backend(Protocol):
@@ -63,10 +76,22 @@ class JobReport:
         widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
-        if len(self.variants) == 2 and all(v.latency_s for v in self.variants):
-            ratio = self.variants[0].latency_s / self.variants[1].latency_s
+        ratio = self.speedup()
+        if ratio is not None:
             lines.append(f"speedup of combined over baseline: {ratio:.2f}x")
         return "\n".join(lines)
+
+    def speedup(self) -> float | None:
+        """Baseline latency over combined latency, when both ran."""
+        if len(self.variants) == 2 and all(v.latency_s for v in self.variants):
+            return self.variants[0].latency_s / self.variants[1].latency_s
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as plain JSON values (``--json``): seconds, not milliseconds."""
+        return {"ok": True, "model": self.model, "ir": self.ir, "target": self.target, "batch": self.batch,
+                "seq": self.seq, "variants": [asdict(v) for v in self.variants], "speedup": self.speedup(),
+                "groups": list(self.groups), "executed": self.executed, "note": self.note}
 
     def render(self) -> str:
         out = [f"model {self.model}  ir {self.ir}  target {self.target}  batch {self.batch}  seq {self.seq}", self.table()]
@@ -85,52 +110,155 @@ def max_abs_diff(outputs: list[np.ndarray], reference: list[np.ndarray]) -> floa
                for o, r in zip(outputs, reference))
 
 
+class JobError(Exception):
+    """A stage of the job failed; ``str`` is one line: ``<file>: <stage>: <what is wrong>``.
+
+    ``bad_input`` tells the model (or an option) apart from a bug of ours: the CLI exits 2 for
+    the first and 1 for the second. The original exception is the ``__cause__``.
+    """
+
+    def __init__(self, path: str | None, stage: str, problem: str, bad_input: bool = True) -> None:
+        self.path, self.stage, self.problem, self.bad_input = path, stage, problem, bad_input
+        super().__init__(f"{path}: {stage}: {problem}" if path else problem)
+
+    @property
+    def exit_code(self) -> int:
+        return 2 if self.bad_input else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.path, "stage": self.stage, "message": self.problem, "bad_input": self.bad_input,
+                "exit_code": self.exit_code}
+
+
+@contextmanager
+def _stage(path: str, stage: str, what: str, bad_input: bool) -> Iterator[None]:
+    """Turn any failure inside the block into a JobError naming ``stage``.
+
+    ``what`` prefixes the message of an unexpected exception (a ModelError already says it all).
+    """
+    try:
+        yield
+    except JobError:
+        raise
+    except ModelError as err:
+        raise JobError(path, stage, err.problem, bad_input=True) from err
+    except Exception as err:
+        problem = first_line(err)
+        if not bad_input:
+            problem = f"{type(err).__name__}: {problem}" if not problem.startswith(type(err).__name__) else problem
+        raise JobError(path, stage, f"{what}: {problem}", bad_input) from err
+
+
+#: TVM's ONNX frontends say this when a model uses an op they have no converter for.
+_UNSUPPORTED = "The following operators are not supported for frontend ONNX: "
+
+
+def _import_problem(err: Exception, ir: str) -> str:
+    message = first_line(err)
+    if message.startswith(_UNSUPPORTED):
+        ops = message[len(_UNSUPPORTED):].strip()
+        plural = "s" if "," in ops else ""
+        return f"TVM's {ir.capitalize()} ONNX frontend does not support the op{plural} {ops}"
+    return f"TVM's {ir.capitalize()} ONNX frontend cannot import the model: {message}"
+
+
+def ir_problem(ir: str) -> str | None:
+    """Why ``ir`` cannot run in this environment (None when it can), with what to use instead.
+
+    Importing the IR's package is the test: it fails exactly where a job would.
+    """
+    if ir not in IRS:
+        return f"unknown IR {ir!r}: expected 'relax' or 'relay'"
+    try:
+        importlib.import_module(f"tvm_combiners.{ir}.job")
+    except Exception as err:  # ImportError mostly; an old TVM may fail in other ways on import
+        try:
+            import tvm
+
+            version = f"TVM {tvm.__version__}"
+        except ImportError:
+            version = "no TVM"
+        if ir == "relax":
+            return (f"--ir relax needs apache-tvm >= 0.27 (with tvm_ffi); this environment has {version} "
+                    f"({first_line(err)}): use --ir relay here, or the main environment (.venv/bin/tvm-combiners)")
+        return (f"--ir relay needs a TVM build with Relay (upstream <= 0.19 or hhb-tvm); this environment has "
+                f"{version} without it: use --ir relax here, or the Relay environment (.venv-relay/bin/tvm-combiners)")
+    return None
+
+
+def default_ir() -> str:
+    """The IR this environment runs: Relax where apache-tvm 0.27 is installed, else Relay."""
+    problems = {ir: ir_problem(ir) for ir in IRS}
+    for ir in IRS:
+        if problems[ir] is None:
+            return ir
+    raise JobError(None, "setup", "this environment can run neither IR: " + "; ".join(p for p in problems.values() if p))
+
+
 def _backend(ir: str) -> Backend:
+    problem = ir_problem(ir)
+    if problem is not None:
+        raise JobError(None, "setup", problem)
     if ir == "relax":
         from .relax.job import RelaxBackend
 
         return RelaxBackend()
-    if ir == "relay":
-        from .relay.job import RelayBackend
+    from .relay.job import RelayBackend
 
-        return RelayBackend()
-    raise ValueError(f"unknown IR {ir!r}: expected 'relax' or 'relay'")
+    return RelayBackend()
 
 
-def run_job(model_path: str | None = None, target: str = "llvm", ir: str = "relax", batch: int = 1, seq: int = 128,
+def run_job(model_path: str | None = None, target: str = "llvm", ir: str | None = None, batch: int = 1, seq: int = 128,
             combine: bool = True, repeat: int = 5, log: TextIO | None = None) -> JobReport:
+    """Run the whole job; ``ir=None`` picks the environment's IR. Failures raise :class:`JobError`."""
     def progress(msg: str) -> None:
         print(f"[tvm-combiners] {msg}", file=log or sys.stderr, flush=True)
 
-    path = model_path or default_model_path()
-    backend = _backend(ir)
     if target not in ("llvm", "cuda"):
-        raise ValueError(f"unknown target {target!r}: expected 'llvm' or 'cuda'")
-    progress(f"preparing {path} (batch {batch}, seq {seq})")
-    model = prepare_onnx(path, batch, seq)
-    inputs = example_inputs(model, batch, seq)
-    progress("running onnxruntime for reference outputs")
-    reference = run_onnxruntime(model, inputs)
+        raise JobError(None, "setup", f"unknown target {target!r}: expected 'llvm' or 'cuda'")
+    ir = ir or default_ir()
+    backend = _backend(ir)
+    with _stage("(default model)", "load", "cannot locate the default model", bad_input=True):
+        path = str(model_path or default_model_path())
+    with _stage(path, "load", "cannot load the model", bad_input=True):
+        progress(f"loading {path}")
+        model = load_onnx(path)
+    with _stage(path, "prepare", "cannot prepare the model", bad_input=False):
+        progress(f"preparing (batch {batch}, seq {seq})")
+        model = prepare_onnx(model, batch, seq)
+        inputs = example_inputs(model, batch, seq)
+    with _stage(path, "reference", f"onnxruntime fails to run the model at batch {batch}, seq {seq}", bad_input=True):
+        progress("running onnxruntime for reference outputs")
+        reference = run_onnxruntime(model, inputs)
     progress(f"importing into {ir}")
-    baseline = backend.import_model(model)
-    report = JobReport(str(path), ir, target, batch, seq)
+    try:
+        baseline = backend.import_model(model)
+    except Exception as err:
+        raise JobError(path, "import", _import_problem(err, ir)) from err
+    report = JobReport(path, ir, target, batch, seq)
     modules = [("baseline", baseline)]
     if combine:
-        progress("combining parallel ops")
-        combined = backend.combine(baseline, lambda cand: report.groups.append(cand.describe()))
+        with _stage(path, "combine", "internal error in the combiner passes", bad_input=False):
+            progress("combining parallel ops")
+            combined = backend.combine(baseline, lambda cand: report.groups.append(cand.describe()))
         modules.append(("combined", combined))
     executable = target == "llvm" or backend.has_gpu()
     if not executable:
         report.executed = False
         report.note = "no CUDA GPU here: compiled with nvcc, not executed"
     for label, mod in modules:
-        progress(f"compiling {label} for {target}")
-        start = time.perf_counter()
-        built = backend.compile(mod, target)
-        variant = Variant(label, backend.count_ops(mod), time.perf_counter() - start)
+        # The baseline is TVM on the user's model: its failure is a model TVM cannot handle here
+        # (exit 2). The combined module failing where the baseline worked is our bug (exit 1).
+        is_baseline = label == "baseline"
+        with _stage(path, "compile", f"TVM cannot compile the {label} module for {target}", bad_input=is_baseline):
+            progress(f"compiling {label} for {target}")
+            start = time.perf_counter()
+            built = backend.compile(mod, target)
+            variant = Variant(label, backend.count_ops(mod), time.perf_counter() - start)
         if executable:
-            progress(f"running {label} ({repeat} timed runs)")
-            variant.max_abs_diff = max_abs_diff(backend.run(built, inputs, target), reference)
-            variant.latency_s = backend.time(built, inputs, target, repeat)
+            with _stage(path, "run", f"running the {label} module failed", bad_input=is_baseline):
+                progress(f"running {label} ({repeat} timed runs)")
+                variant.max_abs_diff = max_abs_diff(backend.run(built, inputs, target), reference)
+                variant.latency_s = backend.time(built, inputs, target, repeat)
         report.variants.append(variant)
     return report

@@ -7,10 +7,13 @@ import tvm.relax.frontend.onnx  # noqa: F401
 from tvm import relax
 
 from tvm_combiners.models import (
+    ModelError,
     default_model_path,
     example_inputs,
     import_relax,
     input_specs,
+    load_onnx,
+    position_limit,
     prepare_onnx,
     run_onnxruntime,
 )
@@ -31,8 +34,23 @@ def test_default_model_is_found():
 
 
 def test_missing_file_is_a_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="ONNX model not found: .*nope.onnx"):
+    with pytest.raises(FileNotFoundError, match=r"nope\.onnx: ONNX model not found$"):
         prepare_onnx(tmp_path / "nope.onnx")
+
+
+def test_broken_file_is_a_model_error_naming_it(tmp_path):
+    path = tmp_path / "half.onnx"
+    path.write_bytes(default_model_path().read_bytes()[:1000])
+    with pytest.raises(ModelError) as info:
+        load_onnx(path)
+    assert info.value.path == str(path) and info.value.problem.startswith("truncated or corrupt ONNX file (1000 bytes")
+
+
+def test_position_limit_of_minilm():
+    raw = onnx.load(str(default_model_path()))
+    assert position_limit(raw) == (512, "model.0.auto_model.embeddings.position_embeddings.weight")
+    with pytest.raises(ModelError, match=r"^<model>: seq 513 is beyond the model's 512 positions"):
+        prepare_onnx(raw, 1, 513)
 
 
 def test_prepare_fixes_sizes_and_keeps_matmuls(minilm):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -37,8 +38,12 @@ def default_model_path() -> Path:
     raise FileNotFoundError(f"{DEFAULT_MODEL_FILE} not found in the installed package {DEFAULT_MODEL_PACKAGE!r}")
 
 
-def _fix_input_sizes(model: onnx.ModelProto, batch: int | None, seq: int | None) -> None:
-    """Give dynamic input axes static sizes: axis 0 is the batch, axis 1 the sequence."""
+def _fix_input_sizes(model: onnx.ModelProto, batch: int | None, seq: int | None) -> bool:
+    """Give dynamic input axes static sizes: axis 0 is the batch, axis 1 the sequence.
+
+    Returns whether any axis was fixed (then an error further on may come from these sizes).
+    """
+    fixed = False
     initializers = {i.name for i in model.graph.initializer}
     for inp in model.graph.input:
         if inp.name in initializers:
@@ -47,32 +52,165 @@ def _fix_input_sizes(model: onnx.ModelProto, batch: int | None, seq: int | None)
             size = batch if axis == 0 else seq if axis == 1 else None
             if size is not None and not dim.HasField("dim_value"):
                 dim.dim_value = size
+                fixed = True
+    return fixed
+
+
+class ModelError(ValueError):
+    """An ONNX model that cannot be used, said in one line: ``<file>: <what is wrong>``.
+
+    ``path`` is the file (or ``<model>`` for an in-memory model), ``problem`` what is wrong; the
+    CLI prints them without a traceback.
+    """
+
+    def __init__(self, path: str | os.PathLike, problem: str) -> None:
+        self.path, self.problem = str(path), problem
+        super().__init__(f"{self.path}: {problem}")
+
+
+class ModelNotFoundError(ModelError, FileNotFoundError):
+    """The model file does not exist (also a FileNotFoundError, as callers expect)."""
+
+
+def first_line(err: BaseException) -> str:
+    """The informative line of an exception's message: no C++ backtraces, source paths or codes.
+
+    TVM and onnxruntime errors carry multi-line backtraces and ``file.cc:123 signature`` prefixes;
+    a user needs only the sentence that says what is wrong.
+    """
+    text = str(err).strip()
+    if isinstance(err, KeyError) and err.args:
+        text = f"KeyError: {err.args[0]!r}"
+    lines = [line.strip() for line in text.splitlines()]
+    lines = [line for line in lines if line and not line.startswith(("Traceback", "File ", "Stack trace"))
+             and not re.match(r"^\d+: ", line)]
+    line = lines[0] if lines else type(err).__name__
+    if line.startswith("==>") and len(lines) > 1:
+        line = lines[1]
+    line = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", line)
+    line = re.sub(r"^Load model from .*? failed:", "", line)
+    line = re.sub(r"^\S+\.(?:cc|cpp|h):\d+ (?:[\w:<>~]+\([^)]*\)(?: const)? )?", "", line)
+    line = re.sub(r"^\S+\.(?:cc|cpp|h):\d+: ", "", line)
+    return line if len(line) <= 400 else line[:397] + "..."
+
+
+def _tensors(graph: onnx.GraphProto) -> Any:
+    """Every TensorProto of ``graph``: initializers and tensor attributes, subgraphs included."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("g"):
+                yield from _tensors(attr.g)
+            for sub in attr.graphs:
+                yield from _tensors(sub)
+
+
+def _check_opsets(model: onnx.ModelProto, path: str) -> None:
+    newest = onnx.defs.onnx_opset_version()
+    for opset in model.opset_import:
+        if opset.domain in ("", "ai.onnx") and not 1 <= opset.version <= newest:
+            raise ModelError(path, f"unknown ONNX opset {opset.version} (onnx {onnx.__version__} knows opsets 1 to {newest})")
+
+
+def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
+    """Load and check an ONNX file, turning every way it can be broken into a one-line ModelError.
+
+    Catches, before anything runs: a missing file, an empty, truncated or non-ONNX file, missing
+    external-data files, an unknown opset and what ``onnx.checker`` rejects.
+    """
+    from google.protobuf.message import DecodeError
+
+    path = Path(path)
+    if not path.exists():
+        raise ModelNotFoundError(path, "ONNX model not found")
+    if not path.is_file():
+        raise ModelError(path, "not a file")
+    size = path.stat().st_size
+    if size == 0:
+        raise ModelError(path, "empty file (0 bytes), not an ONNX model")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except DecodeError as err:
+        # A serialized ModelProto starts with field 1 (ir_version, a varint): byte 0x08.
+        with open(path, "rb") as f:
+            looks_like_onnx = f.read(1) == b"\x08"
+        what = "truncated or corrupt ONNX file" if looks_like_onnx else "not an ONNX file"
+        raise ModelError(path, f"{what} ({size} bytes; protobuf: {first_line(err)})") from err
+    if not model.HasField("graph") or model.ir_version == 0:
+        raise ModelError(path, f"not an ONNX model (parsed as protobuf, but {'no graph' if not model.HasField('graph') else 'no ir_version'})")
+    base = path.parent
+    for tensor in _tensors(model.graph):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+            if not (base / location).is_file():
+                raise ModelError(path, f"external data file {location!r} of tensor {tensor.name!r} not found "
+                                       f"(looked for {base / location})")
+    try:
+        onnx.external_data_helper.load_external_data_for_model(model, str(base))
+    except Exception as err:  # unreadable or short external data
+        raise ModelError(path, f"cannot read external data: {first_line(err)}") from err
+    _check_opsets(model, str(path))
+    try:
+        onnx.checker.check_model(model if model.ByteSize() < onnx.checker.MAXIMUM_PROTOBUF else str(path))
+    except (onnx.checker.ValidationError, ValueError) as err:
+        raise ModelError(path, f"invalid ONNX model: {first_line(err)}") from err
+    return model
+
+
+def position_limit(model: onnx.ModelProto) -> tuple[int, str] | None:
+    """(rows, name) of the model's position-embedding table, if it has one (BERT-like models).
+
+    A sequence longer than this table indexes past its end: onnxruntime and TVM only fail deep
+    inside the graph, so the job checks it up front.
+    """
+    tables = {i.name: i.dims[0] for i in model.graph.initializer if len(i.dims) == 2 and "position" in i.name.lower()}
+    for node in model.graph.node:
+        if node.op_type == "Gather" and node.input and node.input[0] in tables:
+            return tables[node.input[0]], node.input[0]
+    return None
+
+
+def _has_dynamic_sequence(model: onnx.ModelProto) -> bool:
+    initializers = {i.name for i in model.graph.initializer}
+    return any(len(i.type.tensor_type.shape.dim) > 1 and not i.type.tensor_type.shape.dim[1].HasField("dim_value")
+               for i in model.graph.input if i.name not in initializers)
 
 
 def prepare_onnx(model: onnx.ModelProto | str | os.PathLike, batch: int | None = 1, seq: int | None = 128) -> onnx.ModelProto:
     """Load ``model``, fix its dynamic input sizes and fold shape arithmetic into constants.
 
-    ``batch`` or ``seq`` of None keeps that axis dynamic (symbolic in the imported IR).
+    ``batch`` or ``seq`` of None keeps that axis dynamic (symbolic in the imported IR). A broken
+    file, a sequence beyond the position embeddings or a model onnxruntime rejects raises
+    :class:`ModelError` (one line, naming the file).
     """
     import onnxruntime as ort
 
     if not isinstance(model, onnx.ModelProto):
-        path = Path(model)
-        if not path.is_file():
-            raise FileNotFoundError(f"ONNX model not found: {path}")
-        model = onnx.load(str(path))
+        name = str(model)
+        model = load_onnx(model)
     else:
+        name = "<model>"
         model = onnx.ModelProto.FromString(model.SerializeToString())
     if batch is not None and batch < 1 or seq is not None and seq < 1:
         raise ValueError(f"batch and seq must be positive, got batch={batch}, seq={seq}")
-    _fix_input_sizes(model, batch, seq)
+    limit = position_limit(model)
+    if seq is not None and limit is not None and seq > limit[0] and _has_dynamic_sequence(model):
+        raise ModelError(name, f"seq {seq} is beyond the model's {limit[0]} positions (position embedding table {limit[1]!r})")
+    fixed = _fix_input_sizes(model, batch, seq)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     with tempfile.TemporaryDirectory() as tmp:
         options.optimized_model_filepath = os.path.join(tmp, "folded.onnx")
-        ort.InferenceSession(
-            model.SerializeToString(), options, providers=["CPUExecutionProvider"], disabled_optimizers=_KEEP_STRUCTURE
-        )
+        try:
+            ort.InferenceSession(
+                model.SerializeToString(), options, providers=["CPUExecutionProvider"], disabled_optimizers=_KEEP_STRUCTURE
+            )
+        except Exception as err:  # onnxruntime raises its own Fail/InvalidGraph/... types
+            sizes = f" at batch {batch}, seq {seq}" if fixed else ""
+            raise ModelError(name, f"onnxruntime {ort.__version__} rejects the model{sizes}: {first_line(err)}") from err
         folded = onnx.load(options.optimized_model_filepath)
     # onnxruntime may record its own opset imports; TVM's importers only know the ONNX domain.
     del folded.opset_import[:]

@@ -1,0 +1,275 @@
+"""`tvm-combiners run` on broken input: one line on stderr, a non-zero exit, never a traceback.
+
+Every broken file is built here with onnx.helper; the tiny models compile in well under a second.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tvm_combiners.cli import main
+
+ERROR = "tvm-combiners: error: "
+
+
+def _save(graph, path, opset=17, **kw):
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8  # onnx >= 1.17 writes IR 10+, which older onnxruntime builds reject
+    onnx.save(model, str(path), **kw)
+    return path
+
+
+def parallel_matmuls(path, **kw):
+    """x @ w1 + b1 and x @ w2 + b2: two sibling matmuls the combiner merges."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+             for n, s in [("w1", (8, 16)), ("b1", (16,)), ("w2", (8, 4)), ("b2", (4,))]]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["m1"]), helper.make_node("Add", ["m1", "b1"], ["y1"]),
+             helper.make_node("MatMul", ["x", "w2"], ["m2"]), helper.make_node("Add", ["m2", "b2"], ["y2"])]
+    graph = helper.make_graph(nodes, "parallel", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+                              [helper.make_tensor_value_info("y1", TensorProto.FLOAT, ["batch", 16]),
+                               helper.make_tensor_value_info("y2", TensorProto.FLOAT, ["batch", 4])], inits)
+    return _save(graph, path, **kw)
+
+
+def det_model(path):
+    """Det: onnxruntime runs it, neither of TVM's ONNX frontends has a converter for it."""
+    graph = helper.make_graph([helper.make_node("Det", ["x"], ["y"])], "det",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch"])])
+    return _save(graph, path)
+
+
+def position_model(path, positions=16):
+    """A BERT-like embedding: token table plus a position table indexed by range(sequence length)."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((50, 8)).astype(np.float32), "word_embeddings.weight"),
+             numpy_helper.from_array(rng.standard_normal((positions, 8)).astype(np.float32),
+                                     "embeddings.position_embeddings.weight"),
+             numpy_helper.from_array(np.array(1, np.int64), "one"), numpy_helper.from_array(np.array(0, np.int64), "zero")]
+    nodes = [helper.make_node("Gather", ["word_embeddings.weight", "input_ids"], ["tokens"]),
+             helper.make_node("Shape", ["input_ids"], ["shape"]),
+             helper.make_node("Gather", ["shape", "one"], ["length"], axis=0),
+             helper.make_node("Range", ["zero", "length", "one"], ["positions"]),
+             helper.make_node("Gather", ["embeddings.position_embeddings.weight", "positions"], ["pos"]),
+             helper.make_node("Add", ["tokens", "pos"], ["y"])]
+    graph = helper.make_graph(nodes, "embeddings",
+                              [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence", 8])], inits)
+    return _save(graph, path)
+
+
+def _run(capsys, *argv):
+    code = main(["run", *map(str, argv), "--repeat", "1"])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    errors = [line for line in err.splitlines() if line.startswith(ERROR)]
+    assert len(errors) <= 1, err
+    return code, out, errors[0][len(ERROR):] if errors else None
+
+
+def test_not_onnx(capsys, tmp_path):
+    path = tmp_path / "notes.onnx"
+    path.write_text("hello, this is not a model\n")
+    assert _run(capsys, path) == (2, "", f"{path}: load: not an ONNX file (27 bytes; protobuf: Error parsing message "
+                                         "with type 'onnx.ModelProto': Wire format was corrupt)")
+
+
+def test_empty_file(capsys, tmp_path):
+    path = tmp_path / "empty.onnx"
+    path.write_bytes(b"")
+    assert _run(capsys, path) == (2, "", f"{path}: load: empty file (0 bytes), not an ONNX model")
+
+
+def test_truncated_file(capsys, tmp_path):
+    data = parallel_matmuls(tmp_path / "whole.onnx").read_bytes()
+    path = tmp_path / "truncated.onnx"
+    path.write_bytes(data[: len(data) // 2])
+    assert _run(capsys, path) == (2, "", f"{path}: load: truncated or corrupt ONNX file ({len(data) // 2} bytes; "
+                                         "protobuf: Error parsing message with type 'onnx.ModelProto': "
+                                         "Wire format was corrupt)")
+
+
+def test_missing_file(capsys, tmp_path):
+    assert _run(capsys, tmp_path / "missing.onnx") == (2, "", f"{tmp_path / 'missing.onnx'}: load: ONNX model not found")
+
+
+def test_directory_is_not_a_model(capsys, tmp_path):
+    assert _run(capsys, tmp_path) == (2, "", f"{tmp_path}: load: not a file")
+
+
+def test_missing_external_data(capsys, tmp_path):
+    path = parallel_matmuls(tmp_path / "ext.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
+                            location="ext.weights", size_threshold=0)
+    (tmp_path / "ext.weights").unlink()
+    assert _run(capsys, path) == (2, "", f"{path}: load: external data file 'ext.weights' of tensor 'w1' not found "
+                                         f"(looked for {tmp_path / 'ext.weights'})")
+
+
+def test_external_data_present_runs(capsys, tmp_path):
+    path = parallel_matmuls(tmp_path / "ext.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
+                            location="ext.weights", size_threshold=0)
+    code, out, error = _run(capsys, path, "--batch", "2")
+    assert (code, error) == (0, None) and "combined groups: 1" in out
+
+
+def test_unknown_opset(capsys, tmp_path):
+    path = parallel_matmuls(tmp_path / "future.onnx", opset=99)
+    newest = onnx.defs.onnx_opset_version()
+    assert _run(capsys, path) == (2, "", f"{path}: load: unknown ONNX opset 99 (onnx {onnx.__version__} knows opsets "
+                                         f"1 to {newest})")
+
+
+def test_checker_rejects(capsys, tmp_path):
+    graph = helper.make_graph([helper.make_node("Frob", ["x"], ["y"], domain="com.example")], "custom",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    path = _save(graph, tmp_path / "custom.onnx")
+    assert _run(capsys, path) == (2, "", f"{path}: load: invalid ONNX model: No opset import for domain 'com.example'")
+
+
+def test_onnxruntime_rejects(capsys, tmp_path):
+    import onnxruntime
+
+    graph = helper.make_graph([helper.make_node("Add", ["x", "i"], ["y"])], "mixed",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8]),
+                               helper.make_tensor_value_info("i", TensorProto.INT64, [1, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])])
+    path = _save(graph, tmp_path / "mixed.onnx")
+    assert _run(capsys, path) == (2, "", f"{path}: prepare: onnxruntime {onnxruntime.__version__} rejects the model: "
+                                         "Type Error: Type parameter (T) of Optype (Add) bound to different types "
+                                         "(tensor(float) and tensor(int64) in node ().")
+
+
+def test_op_the_frontend_does_not_support(capsys, tmp_path):
+    path = det_model(tmp_path / "det.onnx")
+    assert _run(capsys, path) == (2, "", f"{path}: import: TVM's Relax ONNX frontend does not support the op Det")
+
+
+def test_seq_beyond_the_position_embeddings(capsys, tmp_path):
+    path = position_model(tmp_path / "emb.onnx", positions=16)
+    assert _run(capsys, path, "--seq", "17") == (
+        2, "", f"{path}: prepare: seq 17 is beyond the model's 16 positions "
+               "(position embedding table 'embeddings.position_embeddings.weight')")
+    code, out, error = _run(capsys, path, "--seq", "16", "--no-combine")
+    assert (code, error) == (0, None) and "seq 16" in out
+
+
+@pytest.mark.slow
+def test_seq_beyond_minilm_positions(capsys):
+    from tvm_combiners.models import default_model_path
+
+    path = default_model_path()
+    assert _run(capsys, "--seq", "513") == (
+        2, "", f"{path}: prepare: seq 513 is beyond the model's 512 positions "
+               "(position embedding table 'model.0.auto_model.embeddings.position_embeddings.weight')")
+
+
+def test_bad_sizes(capsys):
+    assert _run(capsys, "--batch", "0") == (2, "", "--batch must be a positive integer, got 0")
+    assert _run(capsys, "--seq", "-3") == (2, "", "--seq must be a positive integer, got -3")
+
+
+def test_relay_in_the_main_environment_says_what_to_use(capsys):
+    import tvm
+
+    try:
+        import tvm.relay  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("this TVM has Relay")
+    assert _run(capsys, "--ir", "relay") == (
+        2, "", f"--ir relay needs a TVM build with Relay (upstream <= 0.19 or hhb-tvm); this environment has TVM "
+               f"{tvm.__version__} without it: use --ir relax here, or the Relay environment (.venv-relay/bin/tvm-combiners)")
+
+
+def test_default_ir_is_relax_here(capsys, tmp_path):
+    code, out, error = _run(capsys, parallel_matmuls(tmp_path / "p.onnx"), "--no-combine")
+    assert (code, error) == (0, None) and " ir relax " in out
+
+
+def _boom(*args):
+    raise KeyError("boom")
+
+
+def test_internal_error_names_the_stage_and_exits_1(capsys, tmp_path, monkeypatch):
+    from tvm_combiners.relax.job import RelaxBackend
+
+    monkeypatch.setattr(RelaxBackend, "combine", _boom)
+    path = parallel_matmuls(tmp_path / "p.onnx")
+    assert _run(capsys, path) == (1, "", f"{path}: combine: internal error in the combiner passes: KeyError: 'boom' "
+                                         "(a bug in tvm-combiners: rerun with --debug for the traceback)")
+
+
+def test_debug_shows_the_traceback(capsys, tmp_path, monkeypatch):
+    from tvm_combiners.relax.job import RelaxBackend
+
+    monkeypatch.setattr(RelaxBackend, "combine", _boom)
+    path = parallel_matmuls(tmp_path / "p.onnx")
+    assert main(["run", str(path), "--debug"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert "Traceback (most recent call last):" in err and "KeyError: 'boom'" in err
+    assert any("in _boom" in line for line in err)
+    assert err[-1].startswith(f"{ERROR}{path}: combine: internal error")  # the one line still comes last
+
+
+def test_interrupt_is_one_line(capsys, tmp_path, monkeypatch):
+    from tvm_combiners.relax.job import RelaxBackend
+
+    def interrupt(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(RelaxBackend, "combine", interrupt)
+    assert main(["run", str(parallel_matmuls(tmp_path / "p.onnx"))]) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == "tvm-combiners: interrupted"
+
+
+def test_console_script_prints_no_traceback(tmp_path):
+    exe = shutil.which("tvm-combiners", path=os.path.dirname(sys.executable))
+    assert exe, "pip install -e . should have installed the tvm-combiners console script"
+    path = tmp_path / "empty.onnx"
+    path.write_bytes(b"")
+    proc = subprocess.run([exe, "run", str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [f"[tvm-combiners] loading {path}",
+                                        f"{ERROR}{path}: load: empty file (0 bytes), not an ONNX model"]
+    assert "mpi4py" not in proc.stderr
+
+
+# --json ---------------------------------------------------------------------------------------
+
+def test_json_report(capsys, tmp_path):
+    path = parallel_matmuls(tmp_path / "p.onnx")
+    assert main(["run", str(path), "--json", "--batch", "3", "--repeat", "2"]) == 0
+    out, err = capsys.readouterr()
+    doc = json.loads(out)  # the whole of stdout is one document
+    assert "[tvm-combiners] compiling combined for llvm" in err  # progress stays on stderr
+    assert {k: doc[k] for k in ("ok", "model", "ir", "target", "batch", "seq", "executed", "note")} == {
+        "ok": True, "model": str(path), "ir": "relax", "target": "llvm", "batch": 3, "seq": 128,
+        "executed": True, "note": ""}
+    baseline, combined = doc["variants"]
+    assert (baseline["label"], combined["label"]) == ("baseline", "combined")
+    assert baseline["ops"]["matmul"] == 2 and combined["ops"]["matmul"] == 1
+    assert doc["groups"] == ["2 x matmul -> add: input (3, 8), weights (8, 16), (8, 4), widths [16, 4]"]
+    for v in (baseline, combined):
+        assert 0 <= v["max_abs_diff"] <= 1e-5 and v["latency_s"] > 0 and v["compile_s"] > 0
+    assert doc["speedup"] == pytest.approx(baseline["latency_s"] / combined["latency_s"])
+
+
+def test_json_error_document(capsys, tmp_path):
+    path = tmp_path / "empty.onnx"
+    path.write_bytes(b"")
+    assert main(["run", str(path), "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"ok": False, "error": {
+        "file": str(path), "stage": "load", "message": "empty file (0 bytes), not an ONNX model",
+        "bad_input": True, "exit_code": 2}}
+    assert err.splitlines()[-1] == f"{ERROR}{path}: load: empty file (0 bytes), not an ONNX model"
