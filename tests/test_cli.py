@@ -1,4 +1,4 @@
-"""The main job from the command line on the real MiniLM: its table and groups (errors: test_cli_errors.py)."""
+"""The CLI: `run` on the real MiniLM (its table and groups; errors are in test_cli_errors.py) and `launch`."""
 
 import os
 import re
@@ -10,7 +10,7 @@ import pytest
 
 from tvm_combiners.cli import main
 
-pytestmark = pytest.mark.slow
+SCRIPT_DIR = os.path.dirname(sys.executable)
 
 
 def _row(out, label):
@@ -18,8 +18,9 @@ def _row(out, label):
     return line.split()
 
 
+@pytest.mark.slow
 def test_console_script_runs_the_default_bert():
-    exe = shutil.which("tvm-combiners", path=os.path.dirname(sys.executable))
+    exe = shutil.which("tvm-combiners", path=SCRIPT_DIR)
     assert exe, "pip install -e . should have installed the tvm-combiners console script"
     proc = subprocess.run([exe, "run", "--repeat", "1"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
@@ -35,6 +36,7 @@ def test_console_script_runs_the_default_bert():
     assert "[tvm-combiners] compiling combined for llvm" in proc.stderr  # progress lines
 
 
+@pytest.mark.slow
 def test_no_combine(capsys):
     assert main(["run", "--no-combine", "--repeat", "1", "--seq", "32"]) == 0
     out = capsys.readouterr().out
@@ -42,6 +44,7 @@ def test_no_combine(capsys):
     assert re.search(r"^baseline\s+24\s", out, re.M) and "combined " not in out.split("combined groups")[0]
 
 
+@pytest.mark.slow
 def test_cuda_target_compiles_and_says_when_it_cannot_run(capsys):
     from tvm_combiners.relax.runner import has_gpu
 
@@ -50,3 +53,29 @@ def test_cuda_target_compiles_and_says_when_it_cannot_run(capsys):
     assert re.search(r"^combined\s+18\s", out, re.M)
     if not has_gpu():
         assert "no CUDA GPU here: compiled with nvcc, not executed" in out
+
+
+def test_launch_runs_every_rank():
+    exe = shutil.which("tvm-combiners", path=SCRIPT_DIR)
+    code = "from mpi4py import MPI; c = MPI.COMM_WORLD; print(f'rank {c.Get_rank()} of {c.Get_size()}', flush=True)"
+    proc = subprocess.run([exe, "launch", "-n", "2", "--timeout", "60", "--", "python", "-c", code],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    # the ranks' stdout streams interleave through mpiexec: match the records, not the lines
+    assert sorted(re.findall(r"rank (\d+) of (\d+)", proc.stdout)) == [("0", "2"), ("1", "2")], proc.stdout
+
+
+def test_launch_passes_the_failing_exit_code_on():
+    exe = shutil.which("tvm-combiners", path=SCRIPT_DIR)
+    proc = subprocess.run([exe, "launch", "-n", "1", "--timeout", "60", "--", "sh", "-c", "exit 3"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3
+
+
+def test_run_imports_neither_mpi_nor_the_launcher(tmp_path):
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    code = ("import sys; from tvm_combiners.cli import main; rc = main(['run', sys.argv[1]]); "
+            "print(rc, sorted(m for m in sys.modules if 'mpi4py' in m or 'collectives' in m))")
+    proc = subprocess.run([sys.executable, "-c", code, str(empty)], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "2 []", proc.stderr

@@ -11,6 +11,7 @@ A subcommand's module is imported only when that subcommand runs (``run`` never 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import sys
@@ -98,15 +99,25 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_launch() -> tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]:
+    # the module, not the package's ``launch`` function of the same name
+    launch = importlib.import_module("tvm_combiners.collectives.runtime.launch")
+    return launch.add_arguments, launch.main
+
+
+#: Subcommands by name. A new one (or new options of one) is an entry here and its module's
+#: ``add_arguments(parser)`` / ``main(args) -> int``; nothing else in this file changes.
 COMMANDS: dict[str, Command] = {
     "run": Command("import an ONNX model, combine parallel ops, compile, run and report",
                    lambda: (_add_run_arguments, _run)),
+    "launch": Command("run a command on N MPI ranks with a timeout (python programs under mpi4py)", _load_launch),
 }
 
 
 def _parser(command: str | None) -> argparse.ArgumentParser:
     """The parser, with the arguments of ``command`` only (loading no other subcommand)."""
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=PROG, description="Combine parallel ops of ONNX models in TVM (run); "
+                                     "run multi-rank jobs (launch).")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, cmd in COMMANDS.items():
         p = sub.add_parser(name, help=cmd.help, description=cmd.help)
