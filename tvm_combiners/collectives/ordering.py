@@ -38,6 +38,9 @@ class OrderNode:
     channel_id: int | None = None
     pairs: Pairs | None = None
     payload: tuple[tuple[int, ...], str] | None = None
+    #: Where a send or recv stands among those of its channel (default: its index). Relay, whose
+    #: executors pick any topological order, sorts sends by how many recvs of the channel they read.
+    seq: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,8 @@ class OrderPlan:
     order: list[int]
     #: (send index, recv index) of every transfer.
     matches: list[tuple[int, int]]
+    #: (earlier, later) sends, and recvs, of one channel: their order must be kept.
+    chains: list[tuple[int, int]]
 
     @property
     def changed(self) -> bool:
@@ -67,6 +72,8 @@ def plan_send_recv_order(nodes: Sequence[OrderNode], where: str) -> OrderPlan:
             recvs.setdefault(int(node.channel_id or 0), []).append(i)
         elif node.kind == "effect":
             effects.append(i)
+    for members in [*sends.values(), *recvs.values()]:
+        members.sort(key=lambda i: (nodes[i].seq or (), i))
     matches: list[tuple[int, int]] = []
     for channel in sorted(set(sends) | set(recvs)):
         s_list, r_list = sends.get(channel, []), recvs.get(channel, [])
@@ -92,18 +99,12 @@ def plan_send_recv_order(nodes: Sequence[OrderNode], where: str) -> OrderPlan:
                 )
             matches.append((s, r))
 
-    preds: list[set[int]] = [set(node.deps) for node in nodes]
-    for chain in [*sends.values(), *recvs.values(), effects]:
-        for a, b in zip(chain, chain[1:]):
-            preds[b].add(a)
-
     # Same-channel self-dependence gets its own message: the common mistake.
     ancestors: list[int] = []
-    for i in range(len(nodes)):
+    for node in nodes:
         bits = 0
-        for d in preds[i]:
-            if d < i:
-                bits |= ancestors[d] | (1 << d)
+        for d in node.deps:
+            bits |= ancestors[d] | (1 << d)
         ancestors.append(bits)
     for channel, s_list in sends.items():
         r_list = recvs[channel]
@@ -116,8 +117,10 @@ def plan_send_recv_order(nodes: Sequence[OrderNode], where: str) -> OrderPlan:
                         "every rank would wait forever"
                     )
 
-    for s, r in matches:
-        preds[r].add(s)
+    preds: list[set[int]] = [set(node.deps) for node in nodes]
+    chains = [(a, b) for chain in [*sends.values(), *recvs.values()] for a, b in zip(chain, chain[1:])]
+    for a, b in chains + list(zip(effects, effects[1:])) + matches:
+        preds[b].add(a)
     users: list[list[int]] = [[] for _ in nodes]
     for i, p in enumerate(preds):
         for d in p:
@@ -138,7 +141,7 @@ def plan_send_recv_order(nodes: Sequence[OrderNode], where: str) -> OrderPlan:
         for u in users[i]:
             due[i] = min(due[i], due[u])
     order = _topological(preds, users, due)
-    return OrderPlan(order=order, matches=matches)
+    return OrderPlan(order=order, matches=matches, chains=chains)
 
 
 def _topological(preds: list[set[int]], users: list[list[int]], priority: list[int]) -> list[int]:

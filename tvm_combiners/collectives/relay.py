@@ -280,6 +280,7 @@ def _graph(body: relay.Expr) -> tuple[list[relay.Expr], list[OrderNode]]:
         if isinstance(e, relay.Let):
             bound[e.var] = e.value
     nodes: list[OrderNode] = []
+    reads_recv: list[dict[int, frozenset[int]]] = []  # per node: channel -> ancestor recvs of that channel
     for e in exprs:
         if isinstance(e, relay.Call):
             reads = list(e.args) + ([e.op] if not isinstance(e.op, tvm.ir.Op) else [])
@@ -297,14 +298,24 @@ def _graph(body: relay.Expr) -> tuple[list[relay.Expr], list[OrderNode]]:
             reads = []
         deps = tuple(sorted({index[r] for r in reads if r in index}))
         spec = info(e)
-        if spec is not None and spec.kind == "send":
-            dims, dtype = _dims(_type_of(e.args[0]))
-            payload = (tuple(dims), dtype) if dims is not None and all(isinstance(d, int) for d in dims) else None
-            nodes.append(OrderNode("send", deps, spec.channel_id, spec.pairs, payload))
-        elif spec is not None and spec.kind == "recv":
-            nodes.append(OrderNode("recv", deps, spec.channel_id, spec.pairs, (spec.shape, spec.dtype)))
+        seen: dict[int, set[int]] = {}
+        for d in deps:
+            for channel, recvs in reads_recv[d].items():
+                seen.setdefault(channel, set()).update(recvs)
+        if spec is not None and spec.kind in S.P2P_KINDS:
+            channel = int(spec.channel_id or 0)
+            seq = (len(seen.get(channel, ())), len(nodes))
+            if spec.kind == "send":
+                dims, dtype = _dims(_type_of(e.args[0]))
+                static = dims is not None and all(isinstance(d, int) for d in dims)
+                payload = (tuple(dims), str(dtype)) if static else None
+                nodes.append(OrderNode("send", deps, channel, spec.pairs, payload, seq))
+            else:
+                nodes.append(OrderNode("recv", deps, channel, spec.pairs, (spec.shape, spec.dtype), seq))
+                seen.setdefault(channel, set()).add(len(nodes) - 1)
         else:
             nodes.append(OrderNode("other", deps))
+        reads_recv.append({c: frozenset(v) for c, v in seen.items()})
     return exprs, nodes
 
 
@@ -351,22 +362,17 @@ def _order_function(name: str, func: relay.Function) -> relay.Function:
     for s, r in plan.matches:
         if not before(s, r):
             after.setdefault(exprs[r], []).append(exprs[s])
-    by_channel: dict[tuple[str, int], list[int]] = {}
-    for i, n in enumerate(nodes):
-        if n.kind in S.P2P_KINDS:
-            by_channel.setdefault((n.kind, int(n.channel_id or 0)), []).append(i)
-    for (kind, channel), members in sorted(by_channel.items()):
-        for k, (a, b) in enumerate(zip(members, members[1:])):
-            if before(a, b):
-                continue
-            if kind == "send":
-                after.setdefault(exprs[b], []).append(exprs[a])
-            else:
-                raise SendRecvOrderError(
-                    f"OrderSendRecv: recv #{k} and recv #{k + 1} of channel_id {channel} in {where} are not ordered "
-                    "by their data, and Relay may run them in either order; give each transfer its own channel_id "
-                    "or make the later recv depend on the earlier one"
-                )
+    for a, b in plan.chains:
+        if before(a, b):
+            continue
+        if nodes[b].kind == "send":
+            after.setdefault(exprs[b], []).append(exprs[a])
+        else:
+            raise SendRecvOrderError(
+                f"OrderSendRecv: two recvs of channel_id {nodes[b].channel_id} in {where} are not ordered by their "
+                "data, and Relay may run them in either order; give each transfer its own channel_id or make the "
+                "later recv depend on the earlier one (through its token)"
+            )
     if not after:
         return func
     body = _AddTokens(after).visit(func.body)
