@@ -17,9 +17,10 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .spec import CollectiveError, Pairs, encode_pairs
+from .spec import CollectiveError, Pairs, encode_pairs, register_error_class
 
 
+@register_error_class
 class SendRecvOrderError(CollectiveError):
     """Sends and recvs that no order can run without waiting forever, or that cannot match."""
 

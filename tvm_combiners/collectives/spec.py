@@ -61,6 +61,22 @@ class CollectiveError(ValueError):
     """Bad input to a collective op: the message names the op, the attribute and the rule."""
 
 
+def register_error_class(cls: type) -> type:
+    """Let the error keep its class when raised inside a TVM pass or type inference (through the FFI)."""
+    try:
+        import tvm_ffi
+
+        tvm_ffi.register_error(cls.__name__, cls)
+    except ImportError:  # TVM before the tvm_ffi split (0.16: Relay builds)
+        from tvm._ffi import register_error
+
+        register_error(cls.__name__, cls)
+    return cls
+
+
+register_error_class(CollectiveError)
+
+
 def relax_op_name(kind: str) -> str:
     return RELAX_PREFIX + kind
 
