@@ -1,0 +1,24 @@
+"""Counts of fuzzed graphs per IR and pass, printed at the end of the session by the conftests."""
+
+from __future__ import annotations
+
+import collections
+
+#: (ir, pass name) -> Counter of "graphs", "examples", "combined" (the pass changed the module).
+COUNTS: dict[tuple[str, str], collections.Counter] = collections.defaultdict(collections.Counter)
+
+
+def record(ir: str, pass_name: str, graphs: int, changed: bool) -> None:
+    c = COUNTS[(ir, pass_name)]
+    c["examples"] += 1
+    c["graphs"] += graphs
+    c["combined"] += int(changed)
+
+
+def summary_lines() -> list[str]:
+    if not COUNTS:
+        return []
+    lines = [f"{'ir':<6} {'pass':<28} {'graphs':>7} {'modules':>8} {'combined':>9}"]
+    for (ir, name), c in sorted(COUNTS.items()):
+        lines.append(f"{ir:<6} {name:<28} {c['graphs']:>7} {c['examples']:>8} {c['combined']:>9}")
+    return lines
