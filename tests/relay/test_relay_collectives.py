@@ -1,0 +1,261 @@
+"""Relay collective ops: types, printing, structure, validation, stateful lowering, OrderSendRecv, and N ranks."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relay
+from tvm.contrib import graph_executor
+
+from tvm_combiners.collectives import relay as C
+from tvm_combiners.collectives import selfcheck
+from tvm_combiners.collectives import spec as S
+from tvm_combiners.collectives.ordering import SendRecvOrderError
+
+TARGET = tvm.target.Target("llvm -mtriple=x86_64-linux-gnu")
+RUNTIME_NAMES = ["allreduce", "allgather", "reduce_scatter", "send", "recv"]
+TIMEOUT_S = 150
+
+
+def var(shape, dtype="float32", name="x"):
+    return relay.var(name, shape=shape, dtype=dtype)
+
+
+def infer(expr):
+    return relay.transform.InferTypeLocal(expr)
+
+
+def module(out, params):
+    return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function(params, out)))
+
+
+def raises(msg):
+    return pytest.raises(S.CollectiveError, match="^" + re.escape(msg) + "$")
+
+
+@pytest.fixture
+def mock_runtime():
+    log: list[tuple[str, tuple]] = []
+    saved = {k: tvm.get_global_func("tvm_combiners." + k, allow_missing=True) for k in RUNTIME_NAMES}
+
+    def make(name):
+        def f(*args):
+            log.append((name, tuple(a for a in args if isinstance(a, (str, int)))))
+            out = args[-1]
+            out.copyfrom(np.full(tuple(out.shape), len(log), str(out.dtype)))
+
+        return f
+
+    for k in RUNTIME_NAMES:
+        tvm.register_func("tvm_combiners." + k, make(k), override=True)
+    yield log
+    for k, f in saved.items():
+        if f is not None:
+            tvm.register_func("tvm_combiners." + k, f, override=True)
+
+
+def run_both(mod, **inputs):
+    """Outputs of the graph executor and of the VM (opt_level 3: CSE, FoldConstant, fusion all on)."""
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(mod, target=TARGET)
+    g = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+    for k, v in inputs.items():
+        g.set_input(k, v)
+    g.run()
+    graph = [g.get_output(i).numpy() for i in range(g.get_num_outputs())]
+    with tvm.transform.PassContext(opt_level=3):
+        vm = relay.create_executor("vm", mod=mod, target=TARGET, device=tvm.cpu()).evaluate()
+    return graph, vm(**inputs)
+
+
+# --------------------------------------------------------------------------- types, printing, structure
+
+
+@pytest.mark.parametrize(
+    "make, shape, dtype",
+    [
+        (lambda x: C.allreduce(x, "min"), (4, 6), "float32"),
+        (lambda x: C.allgather(x, axis=-1, group=[[1, 0]]), (4, 12), "float32"),
+        (lambda x: C.reduce_scatter(x, "sum", axis=0, world_size=4), (1, 6), "float32"),
+        (lambda x: C.send(x, [[0, 1]]), (), "int32"),
+        (lambda x: C.recv((2, 3), "uint8", [[0, 1]]), (2, 3), "uint8"),
+        (lambda x: C.after_all(C.send(x, [[0, 1]]), C.token()), (), "int32"),
+    ],
+)
+def test_result_types(make, shape, dtype):
+    ty = infer(make(var((4, 6))))
+    assert [int(d) for d in ty.shape] == list(shape) and ty.dtype == dtype
+
+
+def test_prints_and_reads_back():
+    x = var((4, 6))
+    t = C.send(x, [[0, 1], [1, 0]], channel_id=3)
+    y = C.recv((4, 6), "float32", [[0, 1], [1, 0]], channel_id=3, token=t)
+    text = str(module(relay.Tuple([C.allreduce(y, "avg", group=[[1, 0]]), C.after_all(t)]), [x])["main"])
+    assert 'collectives.allreduce(%1, __dict__={"op"="avg", "groups"="1,0"})' in text
+    assert 'collectives.send(%x, 0 /* ty=int32 */, __dict__={"source_target_pairs"="0,1;1,0", "channel_id"=3' in text
+    assert '"dtype"="float32", "shape"=[4, 6]' in text
+    assert C.info(y) == S.CollectiveSpec(
+        "recv", pairs=((0, 1), (1, 0)), channel_id=3, is_host_transfer=False, shape=(4, 6), dtype="float32"
+    )
+    assert C.info(C.reduce_scatter(x, "max", 1, group=[[2, 0], [1, 3]])).key() == (
+        "reduce_scatter", "max", 1, ((2, 0), (1, 3)), None, None, False)  # groups ordered by their smallest rank
+    assert C.info(relay.add(x, x)) is None
+
+
+def test_structural_equality_and_hash():
+    x = var((4, 6))
+    a, b = C.allgather(x, 1, group=[[0, 1]]), C.allgather(x, 1, group=[[0, 1]])
+    assert tvm.ir.structural_equal(a, b) and tvm.ir.structural_hash(a) == tvm.ir.structural_hash(b)
+    c = C.allgather(x, 0, group=[[0, 1]])
+    assert not tvm.ir.structural_equal(a, c) and tvm.ir.structural_hash(a) != tvm.ir.structural_hash(c)
+
+
+def test_registration_is_idempotent():
+    importlib.reload(C)
+    assert [int(d) for d in infer(C.allreduce(var((3,)))).shape] == [3]
+
+
+# --------------------------------------------------------------------------- validation
+
+X = var((4, 6))
+XI = var((4, 6), "int32", name="xi")
+TOK = var((), "int32", name="tok")
+NT = var((2,), "int32", name="nt")
+
+
+@pytest.mark.parametrize(
+    "make, msg",
+    [
+        (lambda: C.allreduce(X, "mean"), "allreduce: op 'mean' is not a reduction; expected one of sum, prod, min, max, avg"),
+        (lambda: C.allreduce(XI, "avg"),
+         "allreduce: op 'avg' needs a floating-point dtype, got int32 (an integer mean would truncate)"),
+        (lambda: C.allgather(X, axis=2, group=[[0]]), "allgather: axis 2 is out of range for a 2-d operand; expected -2 <= axis < 2"),
+        (lambda: C.reduce_scatter(X, axis=1, world_size=4),
+         "reduce_scatter: axis 1 has extent 6, which is not divisible by the group size 4"),
+        (lambda: C.allgather(X),
+         "allgather: group=None leaves the group size unknown at compile time; pass group=[[...]] or world_size=N"),
+        (lambda: C.allreduce(X, group=[[0, 1], [1]]),
+         "allreduce: group rank 1 appears in groups 0 and 1; every rank must be in exactly one group"),
+        (lambda: C.allreduce(X, group=[[1, 2]]),
+         "allreduce: group does not cover ranks 0..1 (missing 0); every rank must be in exactly one group"),
+        (lambda: C.send(X, [[0]]), "send: source_target_pairs entry 0 is [0]; each entry must be a [source, target] pair (C1)"),
+        (lambda: C.send(X, [[1, 0], [1, 2]]), "send: source_target_pairs source 1 appears more than once; sources must be unique (C2)"),
+        (lambda: C.recv((1,), "float32", [[0, 1], [2, 1]]),
+         "recv: source_target_pairs target 1 appears more than once; targets must be unique (C3)"),
+        (lambda: C.recv((1,), "float32", [[0, 1]], is_host_transfer="yes"),
+         "recv: is_host_transfer must be a bool, got 'yes' (C5: it selects the channel type, DEVICE_TO_HOST when true, "
+         "DEVICE_TO_DEVICE otherwise)"),
+        (lambda: C.send(X, [[0, 1]], token=NT),
+         "send: token must be a token (a 0-d int32 tensor), got a tensor of shape (2,) and dtype int32"),
+        (lambda: C.recv((1,), "float32", [[0, 1]], token=relay.Tuple([TOK])),
+         "recv: token must be a token (a 0-d int32 tensor), got a non-tensor"),
+        (lambda: C.after_all(TOK, XI),
+         "after_all: argument 1 must be a token (a 0-d int32 tensor), got a tensor of shape (4, 6) and dtype int32"),
+        (lambda: C.allreduce([1, 2]), "allreduce: x must be a Relay expression holding a tensor, got [1, 2]"),
+    ],
+)
+def test_validation_messages(make, msg):
+    with raises(msg):
+        make()
+
+
+def test_type_relation_validates_calls_built_by_hand():
+    x = var((4, 6))
+    bad = relay.Call(relay.op.get("collectives.allgather"), [x], tvm.ir.make_node("DictAttrs", axis=5, groups="0,1"))
+    with pytest.raises(Exception, match=re.escape("allgather: axis 5 is out of range for a 2-d operand")):
+        module(bad, [x])
+
+
+# --------------------------------------------------------------------------- stateful: never merged, folded or dropped
+
+
+def test_identical_collectives_and_constant_token_recvs_all_run(mock_runtime):
+    x = var((4,))
+    a, b = C.allreduce(x, "sum"), C.allreduce(x, "sum")
+    t = C.send(relay.const(np.ones(4, "float32")), [[0, 1]])  # constant payload: FoldConstant must not run it
+    r = C.recv((4,), "float32", [[0, 1]], token=t)
+    unused = C.allreduce(x, "prod")  # returned, read by nobody
+    mod = C.OrderSendRecv()(module(relay.Tuple([a, b, r, unused]), [x]))
+    cse = relay.transform.EliminateCommonSubexpr()(mod)
+    assert cse.astext().count("collectives.allreduce(") == 3
+    graph, vm_outs = run_both(mod, x=np.ones(4, "float32"))
+    names = [n for n, _ in mock_runtime]
+    assert names == ["allreduce", "allreduce", "send", "recv", "allreduce"] * 2  # graph executor, then VM
+    assert not np.array_equal(graph[0], graph[1])  # two calls, two results (the mock writes its call count)
+
+
+# --------------------------------------------------------------------------- OrderSendRecv
+
+
+def p2p_program():
+    x = var((4,))
+    pairs = [[0, 1], [1, 0]]
+    y = C.recv((4,), "float32", pairs, channel_id=0)  # reached first by the executors' post-order
+    t = C.send(x, pairs, channel_id=0)
+    return module(relay.Tuple([y, C.after_all(t)]), [x])
+
+
+def test_recv_runs_first_without_the_pass_and_after_its_send_with_it(mock_runtime):
+    mod = p2p_program()
+    run_both(mod, x=np.ones(4, "float32"))
+    assert [n for n, _ in mock_runtime] == ["recv", "send"] * 2  # would block every rank
+    mock_runtime.clear()
+    ordered = C.OrderSendRecv()(mod)
+    assert "collectives.after_all" in ordered.astext()
+    run_both(ordered, x=np.ones(4, "float32"))
+    assert [n for n, _ in mock_runtime] == ["send", "recv"] * 2
+    again = C.OrderSendRecv()(ordered)
+    assert tvm.ir.structural_equal(again, ordered)
+
+
+def test_ordering_errors():
+    x = var((4,))
+    p = [[0, 1]]
+    y = C.recv((4,), "float32", p)
+    self_cycle = module(C.send(y, p), [x])
+    with pytest.raises(SendRecvOrderError, match=re.escape("the payload of send #0 on channel_id 0 depends on recv #0")):
+        C.OrderSendRecv()(self_cycle)
+    r1, r2 = C.recv((4,), "float32", p, channel_id=1), C.recv((4,), "float32", p, channel_id=1)
+    s1, s2 = C.send(x, p, channel_id=1), C.send(x, p, channel_id=1)
+    unordered = module(relay.Tuple([r1, r2, C.after_all(s1, s2)]), [x])
+    with pytest.raises(SendRecvOrderError, match=re.escape("two recvs of channel_id 1 in function 'main' are not ordered")):
+        C.OrderSendRecv()(unordered)
+    mismatch = module(relay.Tuple([C.recv((4,), "int32", p), C.send(x, p)]), [x])
+    with pytest.raises(SendRecvOrderError, match=re.escape("moves shape (4,) float32 but its recv expects shape (4,) int32")):
+        C.OrderSendRecv()(mismatch)
+
+
+# --------------------------------------------------------------------------- N ranks
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_every_op_on_n_ranks_relay(n, tmp_path):
+    cmd = [
+        sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", str(n), "--timeout", str(TIMEOUT_S),
+        "--", sys.executable, "-m", "tvm_combiners.collectives.selfcheck", "--ir", "relay", "--out", str(tmp_path),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S + 30)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ins = [selfcheck.inputs(r) for r in range(n)]
+    n_allreduce = sum(c.name.startswith("allreduce") for c in selfcheck.cases(n)) + 1
+    for rank in range(n):
+        got = np.load(tmp_path / f"rank{rank}.npz")
+        assert int(got["_allreduce_calls"]) == 2 * n_allreduce  # graph executor and VM, the unused one included
+        for name, ref in selfcheck.expected(n, rank).items():
+            for suffix in ("", "@vm"):
+                value = got[name + suffix]
+                assert value.dtype == ref.dtype and value.shape == ref.shape, (rank, name + suffix)
+                np.testing.assert_allclose(value, ref, rtol=1e-6, atol=1e-6, err_msg=f"rank {rank} {name}{suffix}")
+        # independent spot checks
+        np.testing.assert_allclose(got["allreduce_avg"], sum(x["f"] for x in ins) / n, rtol=1e-6)
+        np.testing.assert_array_equal(got["ring_fwd@vm"], ins[(rank - 1) % n]["i"])
+        partner = rank ^ 1
+        np.testing.assert_array_equal(got["swap"], ins[partner]["f"] if partner < n else np.zeros((4, 6), "float32"))
+        np.testing.assert_array_equal(got["two_hops@vm"], ins[(rank - 2) % n]["t"])
