@@ -9,9 +9,20 @@ on the first call; nothing else needs calling first.
 from .comm import rank, world_size
 from .disco import register_overrides
 from .functions import register_all
-from .launch import launch
 
 register_all()
 register_overrides()
+
+
+def __getattr__(name: str):
+    # launch is imported on first use so that ``python -m tvm_combiners.collectives.runtime.launch``
+    # does not find its own module already imported (runpy warns about that).
+    if name == "launch":
+        from .launch import launch as func
+
+        globals()["launch"] = func  # the submodule import bound the module to this name: rebind it
+        return func
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["launch", "rank", "world_size"]

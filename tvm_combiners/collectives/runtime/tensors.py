@@ -28,12 +28,16 @@ except ImportError:  # TVM <= 0.19: tvm.register_func, tvm.nd.NDArray
 
 
 def register(name: str, func: Callable[..., Any]) -> None:
-    """Register (or re-register) a global packed function in either TVM generation."""
+    """Register (or re-register) a global packed function in either TVM generation.
+
+    TVM's libraries register their own functions (``runtime.disco.*`` among them) when they load,
+    and abort the process if the name is taken: load them first, then override.
+    """
+    import tvm
+
     if NEW_FFI:
         tvm_ffi.register_global_func(name, func, override=True)
     else:
-        import tvm
-
         tvm.register_func(name, func, override=True)
 
 

@@ -1,0 +1,218 @@
+"""Run on N ranks by tests/collectives/test_runtime.py: every runtime function on this rank's data.
+
+Each rank saves what it got to ``<out>/rank<R>.npz`` (arrays) and ``<out>/rank<R>.json`` (error
+messages); the test recomputes every expected value with numpy from ``data()`` and compares.
+Usage: ``prog.py OUT_DIR all`` (every check), ``fail`` (rank 1 breaks C4 in a send while the others
+wait in a recv), ``hang`` (rank 1 sleeps while the others wait in an allreduce).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REDUCTIONS = ("sum", "prod", "min", "max", "avg")
+BIG = (512, 512)  # 1 MiB of float32: MPI's rendezvous protocol, where a blocking send would wait for its recv
+
+
+def data(rank: int, shape: tuple[int, ...], dtype: str, salt: int) -> np.ndarray:
+    """Small integers (exact in every dtype and under prod) that differ per rank and per case."""
+    rng = np.random.default_rng([rank, salt])
+    return rng.integers(1, 4, size=shape).astype(dtype)
+
+
+def group_specs(n: int) -> list[str]:
+    """The groups strings every launch checks: all ranks, reversed order, and a split into two."""
+    specs = ["", ",".join(str(r) for r in reversed(range(n)))]
+    if n >= 3:
+        evens = [r for r in range(n) if r % 2 == 0]
+        odds = [r for r in range(n) if r % 2 == 1]
+        specs.append(";".join(",".join(map(str, g)) for g in (list(reversed(evens)), odds)))
+    return specs
+
+
+def p2p_patterns(n: int) -> dict[str, str]:
+    ring = ";".join(f"{r},{(r + 1) % n}" for r in range(n))
+    back = ";".join(f"{r},{(r - 1) % n}" for r in range(n))
+    return {"swap": "0,1;1,0", "ring": ring, "back": back, "partial": f"0,{n - 1}"}
+
+
+def main() -> None:
+    out_dir, mode = Path(sys.argv[1]), sys.argv[2]
+    if mode == "hang":  # plain mpi4py: no TVM import to wait for
+        from mpi4py import MPI
+
+        if MPI.COMM_WORLD.Get_rank() == 1:
+            time.sleep(600)
+        MPI.COMM_WORLD.Barrier()
+        return
+
+    import tvm
+    import tvm_ffi
+    from tvm import relax
+
+    from tvm_combiners.collectives import runtime
+
+    n, me = runtime.world_size(), runtime.rank()
+    fn = {name: tvm_ffi.get_global_func(f"tvm_combiners.{name}")
+          for name in ("allreduce", "allgather", "reduce_scatter", "send", "recv")}
+    tensor, empty = tvm.runtime.tensor, tvm.runtime.empty
+
+    if mode == "fail":
+        if me == 1:
+            fn["send"](tensor(np.zeros(2, "float32")), f"1,{n + 3}", 0, 0, empty((), "int32"))
+        fn["recv"]("1,0", 0, 0, empty((2,), "float32"))
+        return
+    if mode == "cuda":  # needs a GPU: NCCL, or host-staged MPI where ranks share one GPU
+        dev = tvm.cuda(0)
+        got = {}
+        for op in REDUCTIONS:
+            out = empty((3, 4), "float32", dev)
+            fn["allreduce"](tensor(data(me, (3, 4), "float32", 1), dev), op, "", out)
+            got[f"allreduce|{op}"] = out.numpy()
+        out = empty((2, 4 * n), "float32", dev)
+        fn["allgather"](tensor(data(me, (2, 4), "float32", 2), dev), 1, "", out)
+        got["allgather"] = out.numpy()
+        out = empty((12 // n, 2), "float32", dev)
+        fn["reduce_scatter"](tensor(data(me, (12, 2), "float32", 3), dev), "sum", 0, "", out)
+        got["reduce_scatter"] = out.numpy()
+        fn["send"](tensor(data(me, (5,), "float32", 4), dev), "0,1;1,0", 1, 0, empty((), "int32"))
+        out = empty((5,), "float32", dev)
+        fn["recv"]("0,1;1,0", 1, 0, out)
+        got["p2p"] = out.numpy()
+        np.savez(out_dir / f"rank{me}.npz", **got)
+        return
+
+    got: dict[str, np.ndarray] = {}
+    errors: dict[str, str] = {}
+    salt = 0
+    for groups in group_specs(n):
+        mine = next(g for g in (groups.split(";") if groups else [""]) if not g or str(me) in g.split(","))
+        size = len(mine.split(",")) if mine else n
+        for dtype in ("float32", "int32", "float64", "float16"):
+            for op in REDUCTIONS:
+                if op == "avg" and "float" not in dtype:
+                    continue
+                for shape in ((3, 4), ()):
+                    salt += 1
+                    out = empty(shape, dtype)
+                    fn["allreduce"](tensor(data(me, shape, dtype, salt)), op, groups, out)
+                    got[f"allreduce|{groups}|{dtype}|{op}|{shape}|{salt}"] = out.numpy()
+        for axis in (0, 1, 2, -1):
+            salt += 1
+            x = data(me, (2, 3, 4), "float32", salt)
+            shape = list(x.shape)
+            shape[axis] *= size
+            out = empty(tuple(shape), "float32")
+            fn["allgather"](tensor(x), axis, groups, out)
+            got[f"allgather|{groups}|{axis}|{salt}"] = out.numpy()
+        for axis in (0, 1, 2):
+            for op in ("sum", "max", "avg"):
+                salt += 1
+                shape = [2, 3, 5]
+                shape[axis] = 12  # divisible by every group size used here
+                x = data(me, tuple(shape), "float32", salt)
+                shape[axis] = 12 // size
+                out = empty(tuple(shape), "float32")
+                fn["reduce_scatter"](tensor(x), op, axis, groups, out)
+                got[f"reduce_scatter|{groups}|{op}|{axis}|{salt}"] = out.numpy()
+
+    # send / recv: every pattern sends first and receives after, with payloads big enough for the
+    # rendezvous protocol, so a blocking send would deadlock every one of them.
+    for channel, (kind, pairs) in enumerate(p2p_patterns(n).items(), start=1):
+        salt += 1
+        token = tensor(np.array(7, "int32"))
+        fn["send"](tensor(data(me, BIG, "float32", salt)), pairs, channel, 0, token)
+        got[f"token|{kind}"] = token.numpy()
+        out = empty(BIG, "float32")
+        fn["recv"](pairs, channel, 0, out)
+        got[f"p2p|{kind}|{pairs}|{salt}"] = out.numpy()
+    # two channels in flight, received in the opposite order of their sends
+    pats = p2p_patterns(n)
+    salt += 1
+    fn["send"](tensor(data(me, BIG, "float32", salt)), pats["ring"], 20, 0, empty((), "int32"))
+    fn["send"](tensor(data(me, (3,), "int32", salt)), pats["back"], 21, 0, empty((), "int32"))
+    second, first = empty((3,), "int32"), empty(BIG, "float32")
+    fn["recv"](pats["back"], 21, 0, second)
+    fn["recv"](pats["ring"], 20, 0, first)
+    got[f"p2p|ring|{pats['ring']}|{salt}"] = first.numpy()
+    got[f"p2p|back|{pats['back']}|{salt}|int32"] = second.numpy()
+    # the same channel twice: messages arrive in order
+    salt += 1
+    fn["send"](tensor(data(me, (4,), "float32", salt)), pats["swap"], 30, 0, empty((), "int32"))
+    fn["send"](tensor(data(me, (4,), "float32", salt + 1)), pats["swap"], 30, 0, empty((), "int32"))
+    for k in (0, 1):
+        out = empty((4,), "float32")
+        fn["recv"](pats["swap"], 30, 0, out)
+        got[f"p2p|swap|{pats['swap']}|{salt + k}|small"] = out.numpy()
+    salt += 1
+    # a 0-d payload
+    salt += 1
+    fn["send"](tensor(data(me, (), "float64", salt)), pats["ring"], 31, 0, empty((), "int32"))
+    out = empty((), "float64")
+    fn["recv"](pats["ring"], 31, 0, out)
+    got[f"p2p|ring|{pats['ring']}|{salt}|scalar"] = out.numpy()
+
+    # errors, raised on every rank before any communication (so no rank waits)
+    x = tensor(np.ones((4,), "float32"))
+    bad = [
+        ("allreduce_c4", lambda: fn["allreduce"](x, "sum", f"0;{n}", empty((4,), "float32"))),
+        ("allgather_c4", lambda: fn["allgather"](x, 0, f"{n + 1}", empty((4,), "float32"))),
+        ("reduce_scatter_c4", lambda: fn["reduce_scatter"](x, "sum", 0, f"0,{n}", empty((4,), "float32"))),
+        ("send_c4", lambda: fn["send"](x, f"0,{n}", 0, 0, empty((), "int32"))),
+        ("recv_c4", lambda: fn["recv"](f"{n},0", 0, 0, empty((4,), "float32"))),
+        ("unknown_op", lambda: fn["allreduce"](x, "mean", "", empty((4,), "float32"))),
+        ("missing_rank", lambda: fn["allreduce"](x, "sum", "0", empty((4,), "float32"))),
+        ("int_avg", lambda: fn["allreduce"](tensor(np.ones(2, "int32")), "avg", "", empty((2,), "int32"))),
+        ("scatter_divisible", lambda: fn["reduce_scatter"](tensor(np.ones(n + 1, "float32")), "sum", 0, "",
+                                                          empty((1,), "float32"))),
+        ("axis_range", lambda: fn["allgather"](x, 3, "", empty((4 * n,), "float32"))),
+        ("c2", lambda: fn["send"](x, "0,1;0,1", 0, 0, empty((), "int32"))),
+    ]
+    for key, call in bad:
+        try:
+            call()
+        except Exception as err:  # noqa: BLE001 - the message is what the test checks
+            errors[key] = str(err).strip().splitlines()[-1]
+        else:
+            errors[key] = "no error"
+
+    # host-staged path (what cuda tensors use where NCCL cannot run), driven here with host tensors
+    from tvm_combiners.collectives.runtime import comm, nccl
+
+    salt += 1
+    x_np = data(me, (2, 6), "float32", salt)
+    out = empty((2, 6), "float32")
+    nccl.allreduce("staged", "", comm.group("", "staged"), tensor(x_np), "max", out)
+    got[f"staged_allreduce|{salt}"] = out.numpy()
+    out = empty((2, 6 * n), "float32")
+    nccl.allgather("staged", "", comm.group("", "staged"), tensor(x_np), 1, out)
+    got[f"staged_allgather|{salt}"] = out.numpy()
+
+    # TVM's own R.ccl ops, compiled for llvm and run by the VM on this runtime
+    salt += 1
+    bb = relax.BlockBuilder()
+    xv = relax.Var("x", relax.TensorType((4, 3), "float32"))
+    with bb.function("main", [xv]):
+        with bb.dataflow():
+            outs = [bb.emit(relax.op.ccl.allreduce(xv, op)) for op in REDUCTIONS]
+            outs.append(bb.emit(relax.op.ccl.allgather(xv, n)))
+            outs.append(bb.emit(relax.op.ccl.broadcast_from_worker0(xv)))
+            result = bb.emit_output(relax.Tuple(outs))
+        bb.emit_func_output(result)
+    ex = tvm.compile(bb.get(), target="llvm")
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    res = vm["main"](tensor(data(me, (4, 3), "float32", salt)))
+    for op, value in zip([*REDUCTIONS, "allgather", "broadcast"], res):
+        got[f"ccl|{op}|{salt}"] = value.numpy()
+
+    np.savez(out_dir / f"rank{me}.npz", **got)
+    (out_dir / f"rank{me}.json").write_text(json.dumps(errors))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,242 @@
+"""The collectives runtime on 2, 3 and 4 ranks: every function and reduction against numpy.
+
+Few launches, many checks each (CI has 2 cores and MPICH busy-polls): ``progs/runtime_prog.py``
+runs everything on every rank and saves what it got; the expected values are recomputed here from
+the same deterministic inputs.  Every launch has its own timeout.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tvm_combiners.collectives.runtime import launch as launch_mod_func
+from tvm_combiners.collectives.runtime.launch import find_mpiexec, rank_command, rank_error
+from tvm_combiners.collectives.runtime.nccl import choose_path, gpu_identity
+
+PROG = Path(__file__).parent / "progs" / "runtime_prog.py"
+_spec = importlib.util.spec_from_file_location("runtime_prog", PROG)
+prog = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(prog)
+
+
+def _run(n: int, mode: str, out: Path, timeout: float) -> subprocess.CompletedProcess:
+    """The CLI's launcher in a subprocess, with a hard limit of its own above the job's timeout."""
+    cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", str(n), "--timeout",
+           str(timeout), "--", "python", str(PROG), str(out), mode]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30)
+
+
+def _members(groups: str, n: int, rank: int) -> list[int]:
+    if not groups:
+        return list(range(n))
+    return next([int(r) for r in g.split(",")] for g in groups.split(";") if str(rank) in g.split(","))
+
+
+def _reduce(op: str, arrays: list[np.ndarray]) -> np.ndarray:
+    stack = np.stack(arrays)
+    if op == "avg":
+        return (stack.sum(0) / len(arrays)).astype(stack.dtype)
+    return {"sum": np.sum, "prod": np.prod, "min": np.min, "max": np.max}[op](stack, axis=0).astype(stack.dtype)
+
+
+def _source(pairs: str, rank: int) -> int | None:
+    return next((int(s) for s, t in (p.split(",") for p in pairs.split(";")) if int(t) == rank), None)
+
+
+def expected(key: str, n: int, rank: int) -> np.ndarray:
+    """What ``key`` must hold on ``rank`` of an ``n``-rank job, from numpy alone."""
+    kind, *fields = key.split("|")
+    data = prog.data
+    if kind == "allreduce":
+        groups, dtype, op, shape, salt = fields
+        shape = ast.literal_eval(shape)
+        return _reduce(op, [data(m, shape, dtype, int(salt)) for m in _members(groups, n, rank)])
+    if kind == "allgather":
+        groups, axis, salt = fields
+        return np.concatenate([data(m, (2, 3, 4), "float32", int(salt)) for m in _members(groups, n, rank)],
+                              axis=int(axis))
+    if kind == "reduce_scatter":
+        groups, op, axis, salt = fields
+        members = _members(groups, n, rank)
+        shape = [2, 3, 5]
+        shape[int(axis)] = 12
+        total = _reduce(op, [data(m, tuple(shape), "float32", int(salt)) for m in members])
+        return np.split(total, len(members), axis=int(axis))[members.index(rank)]
+    if kind == "token":
+        return np.array(0, "int32")
+    if kind == "p2p":
+        _, pairs, salt, *variant = fields
+        shape, dtype = {(): (prog.BIG, "float32"), ("int32",): ((3,), "int32"), ("small",): ((4,), "float32"),
+                        ("scalar",): ((), "float64")}[tuple(variant)]
+        src = _source(pairs, rank)
+        return np.zeros(shape, dtype) if src is None else data(src, shape, dtype, int(salt))
+    if kind == "staged_allreduce":
+        return _reduce("max", [data(m, (2, 6), "float32", int(fields[0])) for m in range(n)])
+    if kind == "staged_allgather":
+        return np.concatenate([data(m, (2, 6), "float32", int(fields[0])) for m in range(n)], axis=1)
+    if kind == "ccl":
+        op, salt = fields
+        inputs = [data(m, (4, 3), "float32", int(salt)) for m in range(n)]
+        if op == "allgather":
+            return np.concatenate(inputs, axis=0)
+        if op == "broadcast":
+            return inputs[0]
+        return _reduce(op, inputs)
+    raise AssertionError(f"unknown result {key}")
+
+
+def expected_errors(n: int) -> dict[str, str]:
+    c4 = f"but the job has {n} ranks (C4: every rank must be in [0, {n}))"
+    return {
+        "allreduce_c4": f"tvm_combiners.allreduce: groups '0;{n}' names rank {n}, {c4}",
+        "allgather_c4": f"tvm_combiners.allgather: groups '{n + 1}' names rank {n + 1}, {c4}",
+        "reduce_scatter_c4": f"tvm_combiners.reduce_scatter: groups '0,{n}' names rank {n}, {c4}",
+        "send_c4": f"tvm_combiners.send: source_target_pairs '0,{n}' names rank {n}, {c4}",
+        "recv_c4": f"tvm_combiners.recv: source_target_pairs '{n},0' names rank {n}, {c4}",
+        "unknown_op": "tvm_combiners.allreduce: unknown reduction 'mean': expected one of sum, prod, min, max, avg",
+        "missing_rank": ("tvm_combiners.allreduce: groups '0' leave out rank"
+                         + ("s " if n > 2 else " ") + ", ".join(str(r) for r in range(1, n))
+                         + ": every rank must be in exactly one group"),
+        "int_avg": "tvm_combiners.allreduce: reduction 'avg' needs a float dtype, got int32",
+        "scatter_divisible": (f"tvm_combiners.reduce_scatter: axis 0 has extent {n + 1}, "
+                              f"not divisible by the group size {n}"),
+        "axis_range": "tvm_combiners.allgather: axis 3 is out of range for a 1-d tensor",
+        "c2": "tvm_combiners.send: source_target_pairs '0,1;0,1' uses source 0 twice: sources must be unique (C2)",
+    }
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_every_function_on_n_ranks(n: int, tmp_path: Path) -> None:
+    proc = _run(n, "all", tmp_path, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    # host staging (the cuda fallback) is announced once per job, by the group's first rank
+    assert proc.stderr.count("collectives on cuda tensors use host-staged MPI") == 1, proc.stderr
+    keys = None
+    for rank in range(n):
+        got = np.load(tmp_path / f"rank{rank}.npz")
+        keys = keys or set(got.files)
+        assert set(got.files) == keys  # every rank ran every case
+        for key in got.files:
+            want = expected(key, n, rank)
+            assert got[key].dtype == want.dtype and got[key].shape == want.shape, key
+            tol = 1e-3 if got[key].dtype == np.float16 else 1e-6
+            np.testing.assert_allclose(got[key], want, rtol=tol, err_msg=f"{key} on rank {rank}")
+        assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == expected_errors(n)
+    kinds = {k.split("|")[0] for k in keys}
+    assert kinds == {"allreduce", "allgather", "reduce_scatter", "token", "p2p", "staged_allreduce",
+                     "staged_allgather", "ccl"}
+    ops = {k.split("|")[3] for k in keys if k.startswith("allreduce")}
+    assert ops == set(prog.REDUCTIONS)
+    assert {k.split("|")[1] for k in keys if k.startswith("p2p")} == {"swap", "ring", "back", "partial"}
+
+
+def test_failing_rank_ends_the_job_and_is_named(tmp_path: Path) -> None:
+    start = time.monotonic()
+    proc = _run(2, "fail", tmp_path, timeout=60)
+    elapsed = time.monotonic() - start
+    assert proc.returncode != 0
+    assert elapsed < 45, f"the job took {elapsed:.0f} s: the failure did not end it"
+    error = "ValueError: tvm_combiners.send: source_target_pairs '1,5' names rank 5, but the job has 2 ranks"
+    assert f"[rank 1] {error}" in proc.stderr, proc.stderr
+    assert f"tvm-combiners launch: rank 1 failed: {error}" in proc.stderr, proc.stderr
+    assert "rank 0 failed" not in proc.stderr
+
+
+def test_hung_rank_is_killed_by_the_timeout(tmp_path: Path) -> None:
+    start = time.monotonic()
+    proc = _run(2, "hang", tmp_path, timeout=6)
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 124
+    assert elapsed < 25, f"the timeout took {elapsed:.0f} s to end the job"
+    assert "tvm-combiners launch: timed out after 6 s: killed all 2 ranks" in proc.stderr, proc.stderr
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert f"{tmp_path} hang" not in ps, "a rank outlived the timeout"
+
+
+def test_cuda_tensors_on_two_ranks(tmp_path: Path) -> None:
+    import tvm
+
+    if not tvm.cuda(0).exist:
+        pytest.skip("no CUDA GPU here")
+    proc = _run(2, "cuda", tmp_path, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    data = prog.data
+    for rank in range(2):
+        got = np.load(tmp_path / f"rank{rank}.npz")
+        for op in prog.REDUCTIONS:
+            want = _reduce(op, [data(m, (3, 4), "float32", 1) for m in range(2)])
+            np.testing.assert_allclose(got[f"allreduce|{op}"], want, rtol=1e-6)
+        np.testing.assert_array_equal(got["allgather"], np.concatenate([data(m, (2, 4), "float32", 2)
+                                                                        for m in range(2)], axis=1))
+        total = data(0, (12, 2), "float32", 3) + data(1, (12, 2), "float32", 3)
+        np.testing.assert_array_equal(got["reduce_scatter"], np.split(total, 2)[rank])
+        np.testing.assert_array_equal(got["p2p"], data(1 - rank, (5,), "float32", 4))
+
+
+# --- no launch needed -------------------------------------------------------------------------------
+def test_launch_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError, match=r"^tvm-combiners launch: the number of ranks must be a positive integer, got 0$"):
+        launch_mod_func(0, ["python", "x.py"])
+    with pytest.raises(ValueError, match=r"^tvm-combiners launch: no command to run: give it after '--'"):
+        launch_mod_func(2, ["--"])
+    with pytest.raises(ValueError, match=r"^tvm-combiners launch: the timeout must be positive, got -1 s$"):
+        launch_mod_func(2, ["python", "x.py"], timeout=-1)
+
+
+def test_launch_cli_usage_errors() -> None:
+    cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "2", "--"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("tvm-combiners launch: no command to run: give it after '--', "
+                                   "e.g. -n 2 -- python prog.py")
+
+
+
+def test_missing_mpiexec_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=r"^tvm-combiners launch: mpiexec not found beside .*python nor on PATH"):
+        find_mpiexec()
+
+
+def test_python_commands_run_under_mpi4py() -> None:
+    exe = sys.executable
+    assert rank_command(["python", "prog.py", "-v"]) == [exe, "-m", "mpi4py", "prog.py", "-v"]
+    assert rank_command(["python3", "-u", "-X", "dev", "prog.py"]) == [exe, "-u", "-X", "dev", "-m", "mpi4py",
+                                                                       "prog.py"]
+    assert rank_command(["python", "-m", "pkg.mod", "a"]) == [exe, "-m", "mpi4py", "-m", "pkg.mod", "a"]
+    assert rank_command(["python", "-c", "print(1)"]) == [exe, "-m", "mpi4py", "-c", "print(1)"]
+    assert rank_command(["python", "-m", "mpi4py", "p.py"]) == [exe, "-m", "mpi4py", "p.py"]
+    assert rank_command(["/opt/py/bin/python3.11", "p.py"]) == ["/opt/py/bin/python3.11", "-m", "mpi4py", "p.py"]
+    assert rank_command(["./a.out", "python"]) == ["./a.out", "python"]
+
+
+def test_rank_error_reads_traceback_or_abort() -> None:
+    text = "warning: x\nTraceback (most recent call last):\n  File \"p.py\", line 3\n    f()\nKeyError: 'k'\nAbort(1) on node 1"
+    assert rank_error(text) == "KeyError: 'k'"
+    assert rank_error("Abort(1) on node 1 (rank 1 in comm 0): application called MPI_Abort") == (
+        "Abort(1) on node 1 (rank 1 in comm 0): application called MPI_Abort")
+    assert rank_error("just a warning\n") is None
+
+
+def test_gpu_path_selection() -> None:
+    gpu0, gpu1 = ("host-a", "0"), ("host-a", "1")
+    assert choose_path([(gpu0, None), (gpu1, None)]) is None
+    assert choose_path([(gpu0, None), (("host-b", "0"), None)]) is None  # same index, other machine
+    assert choose_path([(gpu0, None), (gpu1, None), (gpu0, None)]) == (
+        "group members 0 and 2 share GPU 0 on host-a: NCCL refuses two ranks on one GPU")
+    assert choose_path([(gpu0, None), (gpu1, "ImportError: no nccl")]) == (
+        "nccl4py is not usable on group member 1 (ImportError: no nccl)")
+    # CUDA_VISIBLE_DEVICES maps each rank's device 0 to different physical GPUs
+    assert gpu_identity(0, "h", "3,5") == ("h", "3")
+    assert gpu_identity(1, "h", "3,5") == ("h", "5")
+    assert gpu_identity(2, "h", "") == ("h", "2")
