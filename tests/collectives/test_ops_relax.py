@@ -316,6 +316,18 @@ def test_lowering_passes_the_contract_arguments(mock_runtime):
     assert outs[0].numpy().shape == (4, 12) and outs[1].numpy().shape == (2, 6) and outs[2].numpy().dtype == np.int32
 
 
+def test_symbolic_shapes_compile_and_run(mock_runtime):
+    n = tvm.tirx.Var("n", "int64")
+    x = tensor((n, 3))
+
+    def body(bb, x):
+        return [bb.emit(C.allreduce(x, "min")), bb.emit(C.allgather(x, axis=1, world_size=2))]
+
+    outs = run(build(body, [x]), np.ones((5, 3), "float32"))
+    assert outs[0].numpy().shape == (5, 3) and outs[1].numpy().shape == (5, 6)
+    assert [name for name, _ in mock_runtime] == ["allreduce", "allgather"]
+
+
 # --------------------------------------------------------------------------- OrderSendRecv
 
 

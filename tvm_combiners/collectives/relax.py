@@ -351,26 +351,35 @@ def OrderSendRecv() -> tvm.transform.Pass:  # noqa: N802 - a pass factory, named
     return tvm.transform.module_pass(transform, opt_level=0, name="OrderSendRecv")
 
 
-_checked: list[tvm.IRModule] = []
+_checked: list[tuple[str, Any]] = []  # (name, function) of the last module found in order
 
 
 def _check_module_order(mod: tvm.IRModule) -> None:
-    """Legalization's safety net: refuse a module whose recvs run before their sends."""
-    if _checked and _checked[0].same_as(mod):
+    """Legalization's safety net: refuse a module whose recvs run before their sends.
+
+    Called for each send and recv being legalized; the functions checked last are remembered (by
+    identity) so a module is analysed once, not once per op.
+    """
+    funcs = [(gv.name_hint, f) for gv, f in mod.functions_items() if isinstance(f, relax.Function)]
+    if len(funcs) == len(_checked) and all(a == c and f.same_as(g) for (a, f), (c, g) in zip(funcs, _checked)):
         return
-    for gv, func in mod.functions_items():
-        planned = _plan(gv.name_hint, func)
+    for name, func in funcs:
+        planned = _plan(name, func)
         if planned is not None and not is_deadlock_free(planned[1]):
             raise SendRecvOrderError(
-                f"OrderSendRecv: function '{gv.name_hint}' runs a recv before the send it is matched with, "
+                f"OrderSendRecv: function '{name}' runs a recv before the send it is matched with, "
                 "so every rank would wait forever; apply tvm_combiners.collectives.relax.OrderSendRecv() before "
                 "legalization (or compile with tvm_combiners.collectives.relax.pipeline(target))"
             )
-    _checked[:] = [mod]
+    _checked[:] = funcs
 
 
-def pipeline(target: Any = None) -> tvm.transform.Pass:
-    """``OrderSendRecv`` followed by TVM's default pipeline for ``target``: the compile path for p2p ops."""
+def pipeline(target: Any, before: Sequence[tvm.transform.Pass] = ()) -> tvm.transform.Pass:
+    """``before`` (e.g. combiners), ``OrderSendRecv``, then TVM's default pipeline for ``target``.
+
+    The compile path for modules with sends and recvs:
+    ``tvm.compile(mod, target, relax_pipeline=pipeline(target))``.
+    """
     target = tvm.target.Target(target) if isinstance(target, (str, dict)) else target
-    default = relax.get_default_pipeline(target) if target is not None else relax.get_pipeline()
-    return tvm.transform.Sequential([OrderSendRecv(), default], name="collectives_pipeline")
+    passes = [*before, OrderSendRecv(), relax.get_default_pipeline(target)]
+    return tvm.transform.Sequential(passes, name="collectives_pipeline")
