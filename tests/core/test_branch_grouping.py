@@ -107,3 +107,59 @@ def test_graph_rejects_forward_references():
     g = Graph()
     with pytest.raises(ValueError, match="depends on later node"):
         g.add(op="x", operands=(1,), deps=(1,), shape=None, dtype=None)
+
+
+def test_follower_operand_reading_another_branch_drops_that_branch_only():
+    # All three roots agree and each is followed by an add; r0's add reads a value computed from
+    # r1's add. Combining the adds of all three would make the combined op read its own output,
+    # so the fast root-only choice falls back to planning one candidate at a time: r0 and r2
+    # combine with their adds, r1 stays alone.
+    b = G()
+    x = b.leaf()
+    r0, r1, r2 = (b.root(x, b.leaf(), 4) for _ in range(3))
+
+    def add(r, side):
+        return b.g.add(op="add", operands=(r, side), deps=(r, side), shape=(4, 4), dtype="float32",
+                       value_key=("add",), follower=FollowerInfo(("add",))).index
+
+    a1 = add(r1, b.leaf((4, 4)))
+    a0 = add(r0, b.other(a1, shape=(4, 4)))
+    a2 = add(r2, b.leaf((4, 4)))
+    (plan,) = plan_combinations(b.g, ["matmul"])
+    assert plan.roots == (r0, r2)
+    assert [s.nodes for s in plan.steps] == [(a0, a2)]
+
+
+def test_many_branches_and_layers_plan_like_one():
+    # The fast path (roots first, one acyclicity proof for all groups) on the shapes it exists for.
+    b = G()
+    x = b.leaf()
+    roots = [b.root(x, b.leaf(), 4) for _ in range(300)]
+    ends = [b.unary(b.unary(r)) for r in roots]
+    (plan,) = plan_combinations(b.g, ["matmul"])
+    assert plan.roots == tuple(roots) and plan.ends == tuple(ends)
+    h = b.leaf((4, 4))
+    layers = []
+    for _ in range(100):
+        qkv = [b.root(h, b.leaf((4, 4)), 4) for _ in range(3)]
+        layers.append(tuple(qkv))
+        h = b.other(*qkv, shape=(4, 4))
+    assert [p.roots for p in plan_combinations(b.g, ["matmul"])][1:] == layers
+
+
+def test_gc_paused_restores_the_collector():
+    import gc
+
+    from tvm_combiners.core.driver import gc_paused
+
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()  # a caller's choice is kept
+    finally:
+        gc.enable()

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .graph import Dim, Graph, Reachability, bitset
+from .graph import Dim, Graph, Reachability, bitset, contracted_order
 from .kernel_alignment import KernelAlignment, align_kernels
 
 
@@ -107,20 +107,34 @@ def plan_combinations(
     options: CombineOptions = CombineOptions(),
     veto: Veto | None = None,
 ) -> list[CombinePlan]:
-    """All combinations to apply to ``graph``, in deterministic program order."""
-    return _Planner(graph, frozenset(families), options, veto).run()
+    """All combinations to apply to ``graph``, in deterministic program order.
+
+    The fast way checks each group against the graph's own reachability and then proves the
+    whole set of groups acyclic in one linear pass. Only when two groups would form a cycle
+    together does it plan again the exact (quadratic) way, contracting reachability after every
+    group as XLA's combiners do, so a rewrite can never create a cycle.
+    """
+    fast = _Planner(graph, frozenset(families), options, veto, exact=False).run()
+    groups = [plan.members for plan in fast]
+    if contracted_order(graph, groups, lambda i: not graph[i].deps, lambda g: min(fast[g].ends)) is not None:
+        return fast
+    return _Planner(graph, frozenset(families), options, veto, exact=True).run()
 
 
 class _Planner:
-    def __init__(self, graph: Graph, families: frozenset[str], options: CombineOptions, veto: Veto | None):
+    def __init__(self, graph: Graph, families: frozenset[str], options: CombineOptions, veto: Veto | None,
+                 exact: bool) -> None:
         self.graph = graph
         self.families = families
         self.options = options
         self.veto = veto
+        self.exact = exact
         self.users = graph.users()
         self.values = graph.value_numbers()
         self.reach = Reachability(graph)
         self.taken: set[int] = set()
+        self._chains: dict[int, list[int]] = {}  # root -> its chain, dropped when a chain node is taken
+        self._chains_through: dict[int, list[int]] = {}  # node -> roots whose cached chain holds it
 
     def run(self) -> list[CombinePlan]:
         buckets: dict[tuple, list[int]] = {}
@@ -149,13 +163,10 @@ class _Planner:
         plans: list[CombinePlan] = []
         remaining = [r for r in roots if r not in self.taken]
         while len(remaining) >= self.options.min_num_branches:
-            chosen = [remaining[0]]
-            plan: CombinePlan | None = None
-            for candidate in remaining[1:]:
-                trial = self._plan(chosen + [candidate], stacked)
-                if trial is not None:
-                    chosen.append(candidate)
-                    plan = trial
+            chosen = self._choose_roots(remaining)
+            plan = self._plan(chosen, stacked) if len(chosen) >= self.options.min_num_branches else None
+            if plan is None:  # followers brought a dependency or a limit: try candidates one by one
+                chosen, plan = self._choose_one_by_one(remaining, stacked)
             if plan is None or len(chosen) < self.options.min_num_branches:
                 remaining = remaining[1:]
                 continue
@@ -163,9 +174,65 @@ class _Planner:
             if self.veto is not None and self.veto(plan):
                 continue
             plans.append(plan)
-            self.taken.update(plan.members)
-            self.reach.contract(plan.members)
+            self._take(plan.members)
         return plans
+
+    def _choose_roots(self, remaining: list[int]) -> list[int]:
+        """Greedy over roots alone, each candidate checked in O(1): limits and root dependencies.
+
+        The followers are planned once for the chosen set afterwards; this keeps a bucket of n
+        branches linear where planning followers per candidate would cost n^2.
+        """
+        g, opts = self.graph, self.options
+        first = g[remaining[0]]
+        data = first.operands[first.root.data]
+        chosen = [remaining[0]]
+        count = self._branch_count(remaining[0])
+        members = 1 << remaining[0]
+        inputs = self._closure(data) | self._closure(first.operands[first.root.weight])
+        for candidate in remaining[1:]:
+            node = g[candidate]
+            closure = self._closure(node.operands[node.root.weight])
+            grown = count + self._branch_count(candidate)
+            if opts.max_branches is not None and grown > opts.max_branches:
+                continue
+            if (inputs | closure) & (members | 1 << candidate):
+                continue  # a weight reads another branch (or the other way round)
+            if first.root.kernel is not None or opts.max_combined_bytes is not None:
+                alignment = None
+                if first.root.kernel is not None:
+                    alignment = align_kernels([g[r].root.kernel for r in chosen + [candidate]])
+                    if alignment is None:
+                        continue
+                if opts.max_combined_bytes is not None:
+                    total = self._weight_bytes(chosen + [candidate], alignment)
+                    if total is None or total > opts.max_combined_bytes:
+                        continue
+            chosen.append(candidate)
+            count, members, inputs = grown, members | 1 << candidate, inputs | closure
+        return chosen
+
+    def _choose_one_by_one(self, remaining: list[int], stacked: bool) -> tuple[list[int], CombinePlan | None]:
+        """Each candidate tried with the whole plan (followers included): exact, quadratic."""
+        chosen = [remaining[0]]
+        plan: CombinePlan | None = None
+        for candidate in remaining[1:]:
+            trial = self._plan(chosen + [candidate], stacked)
+            if trial is not None:
+                chosen.append(candidate)
+                plan = trial
+        return chosen, plan
+
+    def _closure(self, node: int) -> int:
+        return self.reach.ancestors(node) | 1 << node
+
+    def _take(self, members: list[int]) -> None:
+        self.taken.update(members)
+        for m in members:
+            for root in self._chains_through.pop(m, ()):
+                self._chains.pop(root, None)
+        if self.exact:
+            self.reach.contract(members)
 
     # -- one candidate set of branches -------------------------------------------------------
 
@@ -214,7 +281,15 @@ class _Planner:
         return total
 
     def _chain(self, root: int) -> list[int]:
-        """The longest run of single-use, shape-preserving followers after ``root``."""
+        """The longest run of single-use, shape-preserving followers after ``root`` (cached)."""
+        chain = self._chains.get(root)
+        if chain is None:
+            chain = self._chains[root] = self._walk_chain(root)
+            for n in chain:
+                self._chains_through.setdefault(n, []).append(root)
+        return chain
+
+    def _walk_chain(self, root: int) -> list[int]:
         chain = [root]
         while True:
             cur = self.graph[chain[-1]]

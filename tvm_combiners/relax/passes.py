@@ -5,7 +5,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from ..core.driver import CombineSettings, pass_factory
+from ..core.driver import CombineSettings, gc_paused, pass_factory
 from .graph_view import build_block_view
 from .rewrite import rewrite_block
 
@@ -30,6 +30,10 @@ def _build(settings: CombineSettings) -> tvm.transform.Pass:
         return relax.Function(func.params, new_body, func.ret_ty, func.is_pure, func.attrs, func.span)
 
     def transform(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        with gc_paused():
+            return combine_module(mod)
+
+    def combine_module(mod: tvm.IRModule) -> tvm.IRModule:
         updates = {}
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function):

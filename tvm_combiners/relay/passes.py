@@ -5,7 +5,7 @@ from __future__ import annotations
 import tvm
 from tvm import relay
 
-from ..core.driver import CombineSettings, pass_factory
+from ..core.driver import CombineSettings, gc_paused, pass_factory
 from .graph_view import UnsupportedRegion, build_body_view
 from .rewrite import rewrite_body
 
@@ -25,6 +25,10 @@ def _build(settings: CombineSettings) -> tvm.transform.Pass:
         return relay.Function(func.params, body, func.checked_type.ret_type, func.type_params, func.attrs, func.span)
 
     def transform(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        with gc_paused():
+            return combine_module(mod)
+
+    def combine_module(mod: tvm.IRModule) -> tvm.IRModule:
         mod = relay.transform.InferType()(mod)
         updates = {}
         for gv, func in mod.functions.items():
