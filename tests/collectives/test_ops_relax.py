@@ -468,3 +468,24 @@ def test_compiles_with_the_default_pipeline(kind):
     for name in RUNTIME_NAMES:
         assert f'R.call_packed("tvm_combiners.{name}"' in text
     assert text.count('R.call_packed("tvm_combiners.allreduce"') == len(S.REDUCTIONS)
+
+
+def test_numpy_integers_are_ranks():
+    x = tensor((4, 6))
+    spec = C.info(C.allgather(x, np.int64(1), group=np.array([[1, 0]])))
+    assert spec.axis == 1 and spec.groups == ((1, 0),)
+    assert C.info(C.send(x, np.array([[0, 1]]), channel_id=np.int32(3))).channel_id == 3
+
+
+def test_sends_inside_branches_are_refused():
+    x = tensor((4,))
+    cond = relax.Var("c", relax.TensorType((), "bool"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, cond], pure=False):
+        t = relax.Var("t", relax.TensorType((), "int32"))
+        branch = relax.SeqExpr([relax.BindingBlock([relax.VarBinding(t, C.send(x, [[0, 1]]))])], t)
+        y = bb.emit(relax.If(cond, branch, C.token()))
+        r = bb.emit(C.recv((4,), "float32", [[0, 1]]))
+        bb.emit_func_output(relax.Tuple([y, r]))
+    with pytest.raises(SendRecvOrderError, match=re.escape("function 'main' has a send or recv inside an if/else branch")):
+        C.OrderSendRecv()(bb.get())

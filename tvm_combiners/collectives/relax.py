@@ -271,7 +271,18 @@ def _payload(ty: Any) -> tuple[tuple[int, ...], str] | None:
     return tuple(dims), dtype
 
 
-def _order_nodes(units: list[tuple[Any, bool]]) -> list[OrderNode]:
+def _nested_p2p(value: relax.Expr) -> bool:
+    found = [False]
+
+    def visit(e: Any) -> None:
+        if is_collective(e, S.P2P_KINDS):
+            found[0] = True
+
+    relax.analysis.post_order_visit(value, visit)
+    return found[0]
+
+
+def _order_nodes(units: list[tuple[Any, bool]], where: str) -> list[OrderNode]:
     defined: dict[Any, int] = {}
     nodes: list[OrderNode] = []
     for i, (unit, is_block) in enumerate(units):
@@ -291,6 +302,12 @@ def _order_nodes(units: list[tuple[Any, bool]]) -> list[OrderNode]:
                 assert spec.shape is not None and spec.dtype is not None
                 node = OrderNode("recv", node.deps, spec.channel_id, spec.pairs, (spec.shape, spec.dtype))
             elif spec is None and relax.analysis.contains_impure_call(unit.value):
+                if not isinstance(unit.value, relax.Call) and _nested_p2p(unit.value):
+                    raise SendRecvOrderError(
+                        f"OrderSendRecv: {where} has a send or recv inside an if/else branch; sends and recvs must "
+                        "be top-level bindings of the function (move the branch into its own function or the "
+                        "transfer out of the branch)"
+                    )
                 node = OrderNode("effect", node.deps)
         nodes.append(node)
         for v in out_vars:
@@ -302,10 +319,11 @@ def _plan(name: str, func: relax.Function) -> tuple[list[tuple[Any, bool]], Orde
     if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
         return None
     units = _units(func.body)
-    nodes = _order_nodes(units)
+    where = f"function '{name}'"
+    nodes = _order_nodes(units, where)
     if not any(n.kind in S.P2P_KINDS for n in nodes):
         return None
-    return units, plan_send_recv_order(nodes, f"function '{name}'")
+    return units, plan_send_recv_order(nodes, where)
 
 
 def _reorder(func: relax.Function, units: list[tuple[Any, bool]], order: list[int]) -> relax.Function:

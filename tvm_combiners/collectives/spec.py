@@ -25,6 +25,7 @@ shape and accepts ``group=None`` alone (stored as ``""``, every rank at run time
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -94,11 +95,11 @@ def kind_of_op_name(name: str) -> str | None:
 
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _is_list(value: Any) -> bool:
-    return isinstance(value, (list, tuple))
+    return isinstance(value, (list, tuple)) or (type(value).__name__ == "ndarray" and getattr(value, "ndim", 0) >= 1)
 
 
 # --------------------------------------------------------------------------- attribute checks
@@ -132,7 +133,7 @@ def check_axis(kind: str, axis: Any, ndim: int) -> int:
         raise CollectiveError(
             f"{kind}: axis {axis} is out of range for a {ndim}-d operand; expected {-ndim} <= axis < {ndim}"
         )
-    return axis % ndim
+    return int(axis) % ndim
 
 
 def check_world_size(kind: str, world_size: Any) -> int | None:
@@ -152,7 +153,7 @@ def check_groups(kind: str, group: Any, world_size: int | None = None) -> Groups
     """
     world_size = check_world_size(kind, world_size)
     if group is None:
-        return None if world_size is None else (tuple(range(world_size)),)
+        return None if world_size is None else (tuple(range(int(world_size))),)
     if not _is_list(group):
         raise CollectiveError(f"{kind}: group must be a list of lists of ranks, got {group!r}")
     if len(group) == 0:
@@ -185,7 +186,7 @@ def check_groups(kind: str, group: Any, world_size: int | None = None) -> Groups
             f"{kind}: group does not cover ranks 0..{total - 1} (missing {', '.join(map(str, missing))}); "
             "every rank must be in exactly one group"
         )
-    if world_size is not None and world_size != total:
+    if world_size is not None and int(world_size) != total:
         raise CollectiveError(f"{kind}: world_size {world_size} disagrees with group, which covers {total} ranks")
     return tuple(sorted(groups, key=min))
 
@@ -225,7 +226,7 @@ def check_channel_id(kind: str, channel_id: Any) -> int:
             f"{kind}: channel_id must be an integer in [0, {MAX_CHANNEL_ID}] (MPI's guaranteed tag range), "
             f"got {channel_id!r}"
         )
-    return channel_id
+    return int(channel_id)
 
 
 def check_host_transfer(kind: str, is_host_transfer: Any) -> bool:
