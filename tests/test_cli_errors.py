@@ -148,6 +148,20 @@ def test_onnxruntime_rejects(capsys, tmp_path):
                                          "(tensor(float) and tensor(int64) in node ().")
 
 
+def test_onnxruntime_fails_on_the_example_inputs(capsys, tmp_path):
+    """Token ids shifted past a 3-row table: only running the model finds it (the reference stage)."""
+    inits = [numpy_helper.from_array(np.ones((3, 4), np.float32), "table"),
+             numpy_helper.from_array(np.array(5, np.int64), "five")]
+    nodes = [helper.make_node("Add", ["ids", "five"], ["shifted"]), helper.make_node("Gather", ["table", "shifted"], ["y"])]
+    graph = helper.make_graph(nodes, "lookup", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["b", "s"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "s", 4])], inits)
+    path = _save(graph, tmp_path / "lookup.onnx")
+    assert _run(capsys, path, "--seq", "4") == (
+        2, "", f"{path}: reference: onnxruntime fails to run the model at batch 1, seq 4: Non-zero status code returned "
+               "while running Gather node. Name:'' Status Message: indices element out of data bounds, idx=855 must be "
+               "within the inclusive range [-3,2]")
+
+
 def test_op_the_frontend_does_not_support(capsys, tmp_path):
     path = det_model(tmp_path / "det.onnx")
     assert _run(capsys, path) == (2, "", f"{path}: import: TVM's Relax ONNX frontend does not support the op Det")

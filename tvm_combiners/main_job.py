@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 import time
 from collections.abc import Iterator
@@ -170,6 +171,8 @@ def ir_problem(ir: str) -> str | None:
     if ir not in IRS:
         return f"unknown IR {ir!r}: expected 'relax' or 'relay'"
     try:
+        if ir == "relax" and importlib.util.find_spec("tvm_ffi") is None:  # TVM < 0.27: say why plainly
+            raise ModuleNotFoundError("No module named 'tvm_ffi'")
         importlib.import_module(f"tvm_combiners.{ir}.job")
     except Exception as err:  # ImportError mostly; an old TVM may fail in other ways on import
         try:
