@@ -31,22 +31,50 @@ def test_thresholds_close_groups():
     assert combine_by_key(g, by_key, threshold_bytes=15) == []  # each alone is larger than the limit
 
 
-def test_dependent_op_starts_a_new_group():
+def test_thresholds_are_exact():
+    g = build([(None, [], 1)] + [("sum", [0], 4)] * 3)  # three 16-byte ops
+    assert combine_by_key(g, by_key, threshold_bytes=48) == [[1, 2, 3]]  # exactly at the limit
+    assert combine_by_key(g, by_key, threshold_bytes=47) == [[1, 2]]  # one byte short: the third stays out
+    assert combine_by_key(g, by_key, threshold_count=3) == [[1, 2, 3]]
+    assert combine_by_key(g, by_key, threshold_bytes=16) == []  # each fills the limit alone
+
+
+def test_dependent_op_does_not_end_the_group():
     g = build([(None, [], 1), ("sum", [0], 4), ("sum", [1], 4), ("sum", [0], 4), ("sum", [0], 4)])
-    # node 2 reads node 1: the group {1} closes (alone: nothing), {2, 3, 4} forms
-    assert combine_by_key(g, by_key) == [[2, 3, 4]]
+    # node 2 reads node 1: it cannot join {1}, but 3 and 4 (independent, later) still do
+    assert combine_by_key(g, by_key) == [[1, 3, 4]]
+
+
+def test_chain_stays_apart_and_skip_ahead_joins_across_it():
+    # allreduce -> add -> allreduce is a chain of two; a third, independent allreduce joins the first
+    g = build([(None, [], 1), ("sum", [0], 4), (None, [1], 4), ("sum", [2], 4), ("sum", [0], 4)])
+    assert combine_by_key(g, by_key) == [[1, 4]]
+    g = build([(None, [], 1), ("sum", [0], 4), (None, [1], 4), ("sum", [2], 4)])
+    assert combine_by_key(g, by_key) == []
 
 
 def test_no_cycle_between_two_groups():
-    # a0, b0 independent; a1 reads b0, b1 reads a0. Group A = {a0, a1} closes first, then B = {b0, b1}
-    # would make A and B depend on each other, so b1 must start a new group.
+    # a0, b0 independent; a1 reads b0, b1 reads a0. Group A = {a0, a1} and B = {b0, b1} would
+    # each be fine alone but depend on each other together: the exact walk keeps b1 out.
     g = build([(None, [], 1), ("a", [0], 4), ("b", [0], 4), ("a", [2], 4), ("b", [1], 4)])
     assert combine_by_key(g, by_key) == [[1, 3]]
 
 
-def test_bad_thresholds():
-    g = build([])
-    with pytest.raises(ValueError, match="threshold_bytes must be positive, got 0"):
-        combine_by_key(g, by_key, threshold_bytes=0)
-    with pytest.raises(ValueError, match="threshold_count must be >= 2, got 1"):
-        combine_by_key(g, by_key, threshold_count=1)
+def test_disabled_and_bad_thresholds():
+    g = build([(None, [], 1)] + [("sum", [0], 4)] * 3)
+    assert combine_by_key(g, by_key, threshold_bytes=0) == []
+    assert combine_by_key(g, by_key, threshold_bytes=-1) == []
+    assert combine_by_key(g, by_key, threshold_count=1) == []
+    with pytest.raises(TypeError, match="threshold_bytes must be an int or None, got str '8'"):
+        combine_by_key(g, by_key, threshold_bytes="8")
+
+
+def test_deterministic_and_linear_shape():
+    # 400 independent ops of two keys interleaved with a dependent chain: two groups, same every run
+    spec = [(None, [], 1)]
+    for i in range(400):
+        spec.append(("sum" if i % 2 else "max", [0], 4))
+    g = build(spec)
+    first = combine_by_key(g, by_key, threshold_count=256)
+    assert first == combine_by_key(g, by_key, threshold_count=256)
+    assert [len(m) for m in first] == [200, 200]

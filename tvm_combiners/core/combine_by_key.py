@@ -5,12 +5,16 @@ ops that share an input, this merges ops that merely *agree* (collectives with t
 dtype and replica groups) so that one larger op replaces many small ones. Adapters supply a key
 per node (None: not combinable) and build the combined ops; this module only decides the groups.
 
-Walk the nodes in program order; every key has one open group. A node joins its key's group
-unless that would exceed ``threshold_bytes`` or ``threshold_count`` or the node depends on a
-member (then the group is closed and a new one opened). A node larger than the byte threshold
-on its own is left alone. Closed groups of two or more are contracted in the reachability
-relation at once, and a closing group drops members that now depend on one another, so no group
-can form a cycle with an earlier one (XLA recomputes reachability after each group for this).
+Walk the nodes in program order. Unlike XLA, where a dependent op closes its key's group, a key
+keeps several open groups: a node joins the oldest one it fits in (thresholds) and does not
+depend on, and opens a new one otherwise, so independent ops after a dependent one still join
+(``x -> allreduce -> add -> allreduce`` beside independent allreduces). A group closes when it is
+full. A node larger than the byte threshold on its own is left alone.
+
+Groups are first formed against the graph's own reachability and the whole set is then proven
+acyclic in one linear pass (:func:`contracted_order`). Only if two groups would depend on each
+other is the walk repeated the exact way, contracting reachability after every join (as XLA
+recomputes it after every group), so no set of groups can ever form a cycle.
 """
 
 from __future__ import annotations
@@ -18,12 +22,13 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
-from .graph import Graph, Node, Reachability, bitset
+from .graph import Graph, Node, Reachability, contracted_order
 
 
 @dataclass
 class _OpenGroup:
     members: list[int] = field(default_factory=list)
+    bits: int = 0
     nbytes: int = 0
 
 
@@ -33,45 +38,61 @@ def combine_by_key(
     threshold_bytes: int | None = None,
     threshold_count: int | None = None,
 ) -> list[list[int]]:
-    """Groups (node indices in program order) of two or more nodes to combine, in closing order."""
-    if threshold_bytes is not None and threshold_bytes <= 0:
-        raise ValueError(f"threshold_bytes must be positive, got {threshold_bytes}")
-    if threshold_count is not None and threshold_count < 2:
-        raise ValueError(f"threshold_count must be >= 2, got {threshold_count}")
+    """Groups (node indices in program order) of two or more nodes, ordered by their first node.
+
+    ``None`` thresholds are unlimited; a threshold <= 0 disables combining (no groups), as a
+    count below 2 does.
+    """
+    for name, value in (("threshold_bytes", threshold_bytes), ("threshold_count", threshold_count)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise TypeError(f"{name} must be an int or None, got {type(value).__name__} {value!r}")
+    if (threshold_bytes is not None and threshold_bytes <= 0) or (threshold_count is not None and threshold_count < 2):
+        return []
+    keys = [key_of(node) for node in graph.nodes]
+    groups = _walk(graph, keys, threshold_bytes, threshold_count, exact=False)
+    is_leaf = lambda i: not graph[i].deps  # noqa: E731 - leaves cannot take part in a cycle
+    if contracted_order(graph, groups, is_leaf, lambda g: groups[g][0]) is not None:
+        return groups
+    return _walk(graph, keys, threshold_bytes, threshold_count, exact=True)
+
+
+def _walk(graph: Graph, keys: list[Hashable | None], threshold_bytes: int | None, threshold_count: int | None,
+          exact: bool) -> list[list[int]]:
     reach = Reachability(graph)
-    open_groups: dict[Hashable, _OpenGroup] = {}
+    open_groups: dict[Hashable, list[_OpenGroup]] = {}
     done: list[list[int]] = []
 
-    def close(key: Hashable) -> None:
-        # Groups closed since this one opened may have made members depend on each other
-        # (through a contracted group): keep only members independent of those kept so far.
-        kept: list[int] = []
-        for m in open_groups.pop(key).members:
-            if not reach.depends_on_any(m, bitset(kept)) and not any(reach.depends_on_any(k, 1 << m) for k in kept):
-                kept.append(m)
-        if len(kept) >= 2:
-            done.append(kept)
-            reach.contract(kept)
+    def fits(group: _OpenGroup, nbytes: int) -> bool:
+        if threshold_bytes is not None and group.nbytes + nbytes > threshold_bytes:
+            return False
+        return threshold_count is None or len(group.members) < threshold_count
 
-    for node in graph.nodes:
-        key = key_of(node)
+    def independent(group: _OpenGroup, node: int) -> bool:
+        if reach.depends_on_any(node, group.bits):
+            return False
+        # Exact mode only: contracted groups can make an earlier member depend on a later node.
+        return not exact or not any(reach.depends_on_any(m, 1 << node) for m in group.members)
+
+    for node, key in zip(graph.nodes, keys):
         if key is None:
             continue
         nbytes = node.nbytes
         if threshold_bytes is not None and (nbytes is None or nbytes > threshold_bytes):
             continue  # unknown or too large on its own: leave it alone
-        group = open_groups.get(key)
-        if group is not None:
-            too_big = threshold_bytes is not None and group.nbytes + nbytes > threshold_bytes
-            too_many = threshold_count is not None and len(group.members) + 1 > threshold_count
-            dependent = reach.depends_on_any(node.index, bitset(group.members))
-            if too_big or too_many or dependent:
-                close(key)
-                group = None
+        candidates = open_groups.setdefault(key, [])
+        group = next((g for g in candidates if fits(g, nbytes or 0) and independent(g, node.index)), None)
         if group is None:
-            group = open_groups.setdefault(key, _OpenGroup())
+            group = _OpenGroup()
+            candidates.append(group)
         group.members.append(node.index)
+        group.bits |= 1 << node.index
         group.nbytes += nbytes or 0
-    for key in list(open_groups):
-        close(key)
-    return done
+        if exact and len(group.members) > 1:
+            reach.contract(group.members)
+        if not fits(group, 0) or (threshold_bytes is not None and group.nbytes == threshold_bytes):
+            candidates.remove(group)  # full: nothing more can join
+            done.append(group.members)
+    done.extend(g.members for groups in open_groups.values() for g in groups)
+    return sorted((members for members in done if len(members) >= 2), key=lambda members: members[0])
+
+
