@@ -489,3 +489,29 @@ def test_sends_inside_branches_are_refused():
         bb.emit_func_output(relax.Tuple([y, r]))
     with pytest.raises(SendRecvOrderError, match=re.escape("function 'main' has a send or recv inside an if/else branch")):
         C.OrderSendRecv()(bb.get())
+
+
+def test_ordering_core_moves_sends_up_and_keeps_effects_in_order():
+    from tvm_combiners.collectives.ordering import OrderNode, plan_send_recv_order
+
+    p = ((0, 1),)
+    nodes = [
+        OrderNode("effect"),  # 0
+        OrderNode("recv", (), 0, p),  # 1
+        OrderNode("other", (1,)),  # 2 reads the recv
+        OrderNode("effect", ()),  # 3
+        OrderNode("other"),  # 4
+        OrderNode("send", (4,), 0, p),  # 5 needs 4 only
+    ]
+    plan = plan_send_recv_order(nodes, "test")
+    assert plan.order == [0, 4, 5, 1, 2, 3] and plan.matches == [(5, 1)] and plan.changed
+    # Relay-style: sends matched in `seq` order, not index order
+    nodes = [
+        OrderNode("recv", (), 0, p, seq=(0, 0)),  # 0
+        OrderNode("send", (0,), 0, p, seq=(1, 1)),  # 1 forwards recv 0
+        OrderNode("recv", (1,), 0, p, seq=(1, 2)),  # 2
+        OrderNode("send", (), 0, p, seq=(0, 3)),  # 3 first transfer
+    ]
+    plan = plan_send_recv_order(nodes, "test")
+    assert plan.matches == [(3, 0), (1, 2)] and plan.chains == [(3, 1), (0, 2)]
+    assert plan.order == [3, 0, 1, 2]
