@@ -36,6 +36,8 @@ class Backend(Protocol):
     def import_model(self, model: Any) -> Any: ...
     def combine(self, mod: Any, on_combine: Any) -> Any: ...
     def count_ops(self, mod: Any) -> dict[str, int]: ...
+    def target_problem(self, target: str) -> str | None:
+        """Why this build cannot compile for ``target`` (None when it can): checked before any work."""
     def compile(self, mod: Any, target: str) -> Any: ...
     def run(self, built: Any, inputs: dict[str, np.ndarray], target: str) -> list[np.ndarray]: ...
     def time(self, built: Any, inputs: dict[str, np.ndarray], target: str, repeat: int) -> float:
@@ -221,6 +223,9 @@ def run_job(model_path: str | None = None, target: str = "llvm", ir: str | None 
         raise JobError(None, "setup", f"unknown target {target!r}: expected 'llvm' or 'cuda'")
     ir = ir or default_ir()
     backend = _backend(ir)
+    problem = backend.target_problem(target)
+    if problem is not None:
+        raise JobError(None, "setup", problem)
     with _stage("(default model)", "load", "cannot locate the default model", bad_input=True):
         path = str(model_path or default_model_path())
     with _stage(path, "load", "cannot load the model", bad_input=True):

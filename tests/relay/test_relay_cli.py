@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import onnx
+import pytest
 import tvm
 from onnx import TensorProto, helper, numpy_helper
 
@@ -108,3 +109,11 @@ def test_json_report(capsys, tmp_path):
     assert [v["ops"]["dense"] for v in doc["variants"]] == [2, 1]
     assert all(v["max_abs_diff"] <= 1e-5 for v in doc["variants"])
     assert doc["groups"] == ["2 x dense -> add: input (2, 8), weights (16, 8), (4, 8), widths [16, 4]"]
+
+
+def test_cuda_is_refused_before_any_work(capsys):
+    if tvm.runtime.enabled("cuda"):
+        pytest.skip("this Relay build has CUDA")
+    assert main(["run", "--target", "cuda"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"{ERROR}this Relay build of TVM has no CUDA code generation: use --ir relax for cuda"]  # nothing loaded

@@ -25,6 +25,9 @@ class RelaxBackend:
         counts = runner.count_ops(mod)
         return {k: counts.get(k, 0) + counts.get("nn." + k, 0) for k in COUNTED_OPS}
 
+    def target_problem(self, target: str) -> str | None:
+        return None  # cuda compiles with nvcc everywhere; it runs only where a GPU is
+
     def compile(self, mod: Any, target: str) -> Any:
         return runner.compile_module(mod, target)
 

@@ -26,12 +26,17 @@ class RelayBackend:
         counts = runner.count_ops(mod[0])
         return {k: counts.get("nn." + k, 0) for k in COUNTED_OPS}
 
-    def compile(self, mod: Any, target: str) -> Any:
-        if target == "cuda":
-            import tvm
+    def target_problem(self, target: str) -> str | None:
+        import tvm
 
-            if not tvm.runtime.enabled("cuda"):
-                raise ValueError("this Relay build of TVM has no CUDA code generation: use --ir relax for cuda")
+        if target == "cuda" and not tvm.runtime.enabled("cuda"):
+            return "this Relay build of TVM has no CUDA code generation: use --ir relax for cuda"
+        return None
+
+    def compile(self, mod: Any, target: str) -> Any:
+        problem = self.target_problem(target)
+        if problem is not None:
+            raise ValueError(problem)
         return runner.build(mod[0], mod[1], target)
 
     def run(self, built: Any, inputs: dict[str, np.ndarray], target: str) -> list[np.ndarray]:
