@@ -328,6 +328,16 @@ def test_symbolic_shapes_compile_and_run(mock_runtime):
     assert [name for name, _ in mock_runtime] == ["allreduce", "allgather"]
 
 
+def test_unknown_extents(mock_runtime):
+    x = relax.Var("x", relax.TensorType(None, "float32", ndim=2))
+    ty = ty_of(C.allreduce(x))
+    assert ty.ndim == 2 and ty.shape is None
+    with raises("allgather: axis 0 has the symbolic extent ?; the gathered axis must be static"):
+        C.allgather(x, world_size=2)
+    outs = run(build(lambda bb, x: [bb.emit(C.allreduce(x, "prod"))], [x]), np.ones((2, 7), "float32"))
+    assert outs[0].numpy().shape == (2, 7) and [n for n, _ in mock_runtime] == ["allreduce"]
+
+
 # --------------------------------------------------------------------------- OrderSendRecv
 
 

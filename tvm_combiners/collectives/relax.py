@@ -58,10 +58,26 @@ def _dims(ty: Any) -> tuple[list[Any] | None, str | None]:
     """(dims, dtype) of a tensor type: ints for static extents, PrimExprs otherwise; None if no tensor."""
     if not isinstance(ty, relax.TensorType) or ty.ndim < 0:
         return None, None if not isinstance(ty, relax.TensorType) else str(ty.dtype)
-    if ty.shape is None:
-        return [tirx.Var(f"d{i}", "int64") for i in range(ty.ndim)], str(ty.dtype)
+    if ty.shape is None:  # rank known, extents not even symbolic: an opaque marker per axis
+        return [_UNKNOWN] * ty.ndim, str(ty.dtype)
     dims = [int(d) if isinstance(d, tirx.IntImm) else d for d in ty.shape.values]
     return dims, str(ty.dtype)
+
+
+class _Unknown:
+    """An extent the type does not name (``R.Tensor(ndim=2)``)."""
+
+    def __repr__(self) -> str:
+        return "?"
+
+
+_UNKNOWN = _Unknown()
+
+
+def _out_type(dims: Sequence[Any], dtype: str) -> relax.TensorType:
+    if any(d is _UNKNOWN for d in dims):
+        return relax.TensorType(None, dtype, ndim=len(dims))
+    return relax.TensorType(list(dims), dtype)
 
 
 def _describe(ty: Any) -> str:
@@ -101,7 +117,7 @@ def _infer(call: relax.Call, _bb: relax.BlockBuilder) -> relax.TensorType:
         _check_token(kind, "token", _type_of(call.args[1]))
     shape, dtype = (None, None) if kind in ("send", "recv", "after_all") else _check_tensor(kind, "x", _type_of(call.args[0]))
     out_shape, out_dtype = S.infer_type(spec, shape, dtype)
-    return relax.TensorType(list(out_shape), out_dtype)
+    return _out_type(out_shape, out_dtype)
 
 
 def _legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
@@ -114,8 +130,13 @@ def _legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     spec = S.CollectiveSpec.from_attrs(kind, call.attrs)
     name, extra = spec.runtime_call()
     ty = call.ty
-    out = bb.emit(relax.op.builtin.alloc_tensor(ty.shape, str(ty.dtype), 0))
     inputs = [] if kind == "recv" else [call.args[0]]
+    shape = ty.shape
+    if shape is None:  # allreduce of an R.Tensor(ndim=k): name the extents so the output can be allocated
+        dims = [tirx.Var(f"n{i}", "int64") for i in range(ty.ndim)]
+        inputs = [bb.match_cast(call.args[0], relax.TensorType(dims, str(ty.dtype)))]
+        shape = relax.ShapeExpr(dims)
+    out = bb.emit(relax.op.builtin.alloc_tensor(shape, str(ty.dtype), 0))
     args = [*inputs, *(convert_to_expr(e) for e in extra), out]
     bb.emit(relax.Call(relax.ExternFunc(name), args, ty_args=[relax.ObjectType()]))
     return out
@@ -136,6 +157,8 @@ def _register() -> None:
             ir.register_op_attr(name, "FPurity", kind not in S.IMPURE_KINDS)
         if op.get_attr("FLegalize") is None:
             ir.register_op_attr(name, "FLegalize", _legalize)
+        if op.get_attr("RequiresArgumentShapes") is None:  # legalize R.Tensor(ndim=k) operands too
+            ir.register_op_attr(name, "RequiresArgumentShapes", False)
 
 
 _register()
