@@ -9,6 +9,7 @@ functions (``*_np``) are shared by both paths.
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import sys
 import time
@@ -80,7 +81,7 @@ def allgather_np(name: str, grp: Group, x: np.ndarray, axis: int, out: np.ndarra
     axis = _norm_axis(name, axis, x.ndim)
     g, shape = grp.size, x.shape
     _check_shape(name, "out", out.shape, shape[:axis] + (shape[axis] * g,) + shape[axis + 1:])
-    if int(np.prod(shape[:axis])) == 1:  # the gathered blocks are contiguous in out: gather in place
+    if math.prod(shape[:axis]) == 1:  # the gathered blocks are contiguous in out: gather in place
         grp.comm.Allgather([x, MPI.BYTE], [out, MPI.BYTE])
         return
     blocks = np.empty((g,) + shape, x.dtype)
@@ -96,7 +97,7 @@ def reduce_scatter_np(name: str, grp: Group, x: np.ndarray, op: str, axis: int, 
         raise ValueError(f"{name}: axis {axis} has extent {shape[axis]}, not divisible by the group size {g}")
     chunk = shape[axis] // g
     _check_shape(name, "out", out.shape, shape[:axis] + (chunk,) + shape[axis + 1:])
-    if int(np.prod(shape[:axis])) != 1:  # bring the chunks to the front so that each is contiguous
+    if math.prod(shape[:axis]) != 1:  # bring the chunks to the front so that each is contiguous
         x = np.ascontiguousarray(np.moveaxis(x.reshape(shape[:axis] + (g, chunk) + shape[axis + 1:]), axis, 0))
     _reduce(name, grp.comm, op, x, out, g, block=True)
 
@@ -185,6 +186,8 @@ def recv_np(name: str, pairs: str, channel_id: int, out: np.ndarray) -> None:
 
 
 # --- the registered functions ---------------------------------------------------------------------
+_view = tensors.host_view
+_groups = _comm._groups
 def _gpu() -> Any:
     from . import nccl
 
@@ -193,34 +196,41 @@ def _gpu() -> Any:
 
 def allreduce(x: Any, op: str, groups: str, out: Any) -> None:
     name = "tvm_combiners.allreduce"
-    grp = group(groups, name)
-    if tensors.is_host(x):
-        allreduce_np(name, grp, tensors.host_view(x), op, tensors.host_view(out))
+    grp = _groups.get(groups) or group(groups, name)
+    if x.__dlpack_device__()[0] == tensors.CPU:
+        xv, ov = _view(x), _view(out)
+        mop = _mpi_ops.get(op)
+        if mop is not None and op != "avg" and xv.dtype in _NATIVE and xv.shape == ov.shape:
+            grp.comm.Allreduce(xv, ov, mop)  # the common case, kept short: it is latency-bound
+        else:
+            allreduce_np(name, grp, xv, op, ov)
+    elif tensors.is_host(x):
+        allreduce_np(name, grp, _view(x), op, _view(out))
     else:
         _gpu().allreduce(name, groups, grp, x, op, out)
 
 
 def allgather(x: Any, axis: int, groups: str, out: Any) -> None:
     name = "tvm_combiners.allgather"
-    grp = group(groups, name)
+    grp = _groups.get(groups) or group(groups, name)
     if tensors.is_host(x):
-        allgather_np(name, grp, tensors.host_view(x), axis, tensors.host_view(out))
+        allgather_np(name, grp, _view(x), axis, _view(out))
     else:
         _gpu().allgather(name, groups, grp, x, axis, out)
 
 
 def reduce_scatter(x: Any, op: str, axis: int, groups: str, out: Any) -> None:
     name = "tvm_combiners.reduce_scatter"
-    grp = group(groups, name)
+    grp = _groups.get(groups) or group(groups, name)
     if tensors.is_host(x):
-        reduce_scatter_np(name, grp, tensors.host_view(x), op, axis, tensors.host_view(out))
+        reduce_scatter_np(name, grp, _view(x), op, axis, _view(out))
     else:
         _gpu().reduce_scatter(name, groups, grp, x, op, axis, out)
 
 
 def _write_token(token_out: Any) -> None:
     if tensors.is_host(token_out):
-        tensors.host_view(token_out)[...] = 0
+        _view(token_out)[...] = 0
     else:
         token_out.copyfrom(np.zeros(tuple(token_out.shape), tensors.np_dtype(token_out)))
 
@@ -229,7 +239,7 @@ def send(x: Any, pairs: str, channel_id: int, is_host_transfer: int, token_out: 
     """Non-blocking send; cuda payloads are staged through host memory (NCCL's send would block the stream)."""
     name = "tvm_combiners.send"
     if route(pairs, name).target is not None:
-        payload = np.array(tensors.host_view(x)) if tensors.is_host(x) else x.numpy()
+        payload = np.array(_view(x)) if tensors.is_host(x) else x.numpy()
     else:
         payload = np.empty(0, np.uint8)
     send_np(name, pairs, channel_id, payload)
@@ -239,7 +249,7 @@ def send(x: Any, pairs: str, channel_id: int, is_host_transfer: int, token_out: 
 def recv(pairs: str, channel_id: int, is_host_transfer: int, out: Any) -> None:
     name = "tvm_combiners.recv"
     if tensors.is_host(out):
-        recv_np(name, pairs, channel_id, tensors.host_view(out))
+        recv_np(name, pairs, channel_id, _view(out))
         return
     staged = np.empty(tuple(out.shape), tensors.np_dtype(out))
     recv_np(name, pairs, channel_id, staged)

@@ -59,11 +59,8 @@ def _legacy_view(t: Any) -> np.ndarray:
     return np.frombuffer(buf, dtype).reshape(shape)
 
 
-def host_view(t: Any) -> np.ndarray:
-    """A writable numpy view of a CPU tensor (no copy)."""
-    if NEW_FFI:
-        return np.from_dlpack(t)
-    return _legacy_view(t)
+# host_view(t): a writable numpy view of a CPU tensor (no copy); bound directly, it sits on the hot path.
+host_view: Callable[[Any], np.ndarray] = np.from_dlpack if NEW_FFI else _legacy_view
 
 
 def device_type(t: Any) -> int:
