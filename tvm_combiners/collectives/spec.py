@@ -25,6 +25,7 @@ shape and accepts ``group=None`` alone (stored as ``""``, every rank at run time
 
 from __future__ import annotations
 
+import functools
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -263,6 +264,7 @@ def encode_groups(groups: Groups | None) -> str:
     return "" if groups is None else ";".join(",".join(map(str, g)) for g in groups)
 
 
+@functools.lru_cache(maxsize=1024)  # combiners read attributes of many ops with the same groups
 def decode_groups(text: str) -> Groups | None:
     if text == "":
         return None
@@ -273,6 +275,7 @@ def encode_pairs(pairs: Pairs) -> str:
     return ";".join(f"{s},{t}" for s, t in pairs)
 
 
+@functools.lru_cache(maxsize=1024)
 def decode_pairs(text: str) -> Pairs:
     if text == "":
         return ()
