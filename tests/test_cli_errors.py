@@ -113,6 +113,15 @@ def test_missing_external_data(capsys, tmp_path):
                                          f"(looked for {tmp_path / 'ext.weights'})")
 
 
+def test_short_external_data(capsys, tmp_path):
+    path = parallel_matmuls(tmp_path / "ext.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
+                            location="ext.weights", size_threshold=0)
+    data = (tmp_path / "ext.weights").read_bytes()
+    (tmp_path / "ext.weights").write_bytes(data[:100])
+    assert _run(capsys, path) == (2, "", f"{path}: load: external data file 'ext.weights' is too short for tensor "
+                                         "'w1': 100 bytes, the tensor ends at byte 512")
+
+
 def test_external_data_present_runs(capsys, tmp_path):
     path = parallel_matmuls(tmp_path / "ext.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
                             location="ext.weights", size_threshold=0)

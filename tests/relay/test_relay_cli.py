@@ -117,3 +117,14 @@ def test_cuda_is_refused_before_any_work(capsys):
     assert main(["run", "--target", "cuda"]) == 2
     assert capsys.readouterr().err.splitlines() == [
         f"{ERROR}this Relay build of TVM has no CUDA code generation: use --ir relax for cuda"]  # nothing loaded
+
+
+def test_dynamic_image_sizes_are_fixed_for_relay(capsys, tmp_path):
+    """Relay cannot allocate unknown sizes: every dynamic axis after the batch gets --seq."""
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "image",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, "h", "w"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3, "h", "w"])])
+    path = _save(graph, tmp_path / "image.onnx")
+    code, out, error = _run(capsys, path, "--seq", "8", "--json")
+    assert (code, error) == (0, None)
+    assert [v["max_abs_diff"] for v in json.loads(out)["variants"]] == [0.0, 0.0]

@@ -39,8 +39,10 @@ def default_model_path() -> Path:
 
 
 def _fix_input_sizes(model: onnx.ModelProto, batch: int | None, seq: int | None) -> bool:
-    """Give dynamic input axes static sizes: axis 0 is the batch, axis 1 the sequence.
+    """Give dynamic input axes static sizes: axis 0 is the batch, every later axis the sequence.
 
+    Later axes get ``seq`` as :func:`example_inputs` does (an image's height and width alike), so
+    onnxruntime and TVM see the sizes the inputs will have; Relay cannot allocate unknown sizes.
     Returns whether any axis was fixed (then an error further on may come from these sizes).
     """
     fixed = False
@@ -49,7 +51,7 @@ def _fix_input_sizes(model: onnx.ModelProto, batch: int | None, seq: int | None)
         if inp.name in initializers:
             continue
         for axis, dim in enumerate(inp.type.tensor_type.shape.dim):
-            size = batch if axis == 0 else seq if axis == 1 else None
+            size = batch if axis == 0 else seq
             if size is not None and not dim.HasField("dim_value"):
                 dim.dim_value = size
                 fixed = True
@@ -91,6 +93,7 @@ def first_line(err: BaseException) -> str:
     line = re.sub(r"^Load model from .*? failed:", "", line)
     line = re.sub(r"^\S+\.(?:cc|cpp|h):\d+ (?:[\w:<>~]+\([^)]*\)(?: const)? )?", "", line)
     line = re.sub(r"^\S+\.(?:cc|cpp|h):\d+: ", "", line)
+    line = re.sub(r"\[\d\d:\d\d:\d\d\] \S+:\d+: ", "", line)  # TVM's "[12:00:00] /src/file.h:449: "
     return line if len(line) <= 400 else line[:397] + "..."
 
 
@@ -144,10 +147,16 @@ def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
     base = path.parent
     for tensor in _tensors(model.graph):
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+            info = {e.key: e.value for e in tensor.external_data}
+            location = info.get("location", "")
             if not (base / location).is_file():
                 raise ModelError(path, f"external data file {location!r} of tensor {tensor.name!r} not found "
                                        f"(looked for {base / location})")
+            end = int(info.get("offset", 0)) + int(info.get("length", 0))
+            have = (base / location).stat().st_size
+            if end > have:  # older onnx releases read a short file without a word
+                raise ModelError(path, f"external data file {location!r} is too short for tensor {tensor.name!r}: "
+                                       f"{have} bytes, the tensor ends at byte {end}")
     try:
         onnx.external_data_helper.load_external_data_for_model(model, str(base))
     except Exception as err:  # unreadable or short external data
