@@ -195,6 +195,17 @@ def test_seq_beyond_minilm_positions(capsys):
                "(position embedding table 'model.0.auto_model.embeddings.position_embeddings.weight')")
 
 
+def test_launch_that_cannot_be_imported_is_one_line(capsys, monkeypatch):
+    import tvm_combiners.cli as cli
+
+    def missing():
+        raise ImportError("No module named 'mpi4py'")
+
+    monkeypatch.setitem(cli.COMMANDS, "launch", cli.Command("launch", missing))
+    assert main(["launch", "-n", "2", "--", "true"]) == 2
+    assert capsys.readouterr().err == f"{ERROR}launch is unavailable in this environment: No module named 'mpi4py'\n"
+
+
 def test_bad_sizes(capsys):
     assert _run(capsys, "--batch", "0") == (2, "", "--batch must be a positive integer, got 0")
     assert _run(capsys, "--seq", "-3") == (2, "", "--seq must be a positive integer, got -3")
@@ -251,8 +262,10 @@ def test_interrupt_is_one_line(capsys, tmp_path, monkeypatch):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(RelaxBackend, "combine", interrupt)
-    assert main(["run", str(parallel_matmuls(tmp_path / "p.onnx"))]) == 130
-    assert capsys.readouterr().err.splitlines()[-1] == "tvm-combiners: interrupted"
+    assert main(["run", str(parallel_matmuls(tmp_path / "p.onnx")), "--json"]) == 130
+    out, err = capsys.readouterr()
+    assert err.splitlines()[-1] == "tvm-combiners: error: interrupted"
+    assert json.loads(out)["error"]["exit_code"] == 130
 
 
 def test_console_script_prints_no_traceback(tmp_path):

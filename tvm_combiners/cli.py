@@ -73,8 +73,8 @@ def _run(args: argparse.Namespace) -> int:
     for name in ("batch", "seq", "repeat"):
         value = getattr(args, name)
         if value < 1:
-            return _error(args, f"--{name} must be a positive integer, got {value}", 2,
-                          {"file": None, "stage": "setup", "message": f"--{name} must be a positive integer"})
+            line = f"--{name} must be a positive integer, got {value}"
+            return _error(args, line, 2, {"file": None, "stage": "setup", "message": line, "bad_input": True})
     from .main_job import JobError, run_job
 
     try:
@@ -85,13 +85,13 @@ def _run(args: argparse.Namespace) -> int:
             line += " (a bug in tvm-combiners: rerun with --debug for the traceback)"
         return _error(args, line, err.exit_code, err.to_dict(), err)
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
+        return _error(args, "interrupted", 130, {"file": args.model, "stage": "interrupted", "message": "interrupted",
+                                                 "bad_input": False})
     except Exception as err:  # a bug outside every stage: still one line
         from .models.loader import first_line
 
         line = f"internal error: {type(err).__name__}: {first_line(err)} (a bug in tvm-combiners: rerun with --debug)"
-        return _error(args, line, 1, {"file": args.model, "stage": "internal", "message": line}, err)
+        return _error(args, line, 1, {"file": args.model, "stage": "internal", "message": line, "bad_input": False}, err)
     if args.json:
         print(json.dumps(_finite(report.to_dict()), indent=2))
     else:
@@ -122,16 +122,28 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
     for name, cmd in COMMANDS.items():
         p = sub.add_parser(name, help=cmd.help, description=cmd.help)
         if name == command:
-            add_arguments, main = cmd.load()
+            try:
+                add_arguments, main = cmd.load()
+            except ImportError as err:
+                raise _Unavailable(f"{name} is unavailable in this environment: {err}") from err
             add_arguments(p)
             p.set_defaults(func=main)
     return parser
 
 
+class _Unavailable(Exception):
+    """A subcommand whose module cannot be imported here."""
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = argv[0] if argv and argv[0] in COMMANDS else None
-    args = _parser(command).parse_args(argv)
+    try:
+        parser = _parser(command)
+    except _Unavailable as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     return int(args.func(args))
 
 
