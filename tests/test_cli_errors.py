@@ -309,3 +309,14 @@ def test_json_error_document(capsys, tmp_path):
         "file": str(path), "stage": "load", "message": "empty file (0 bytes), not an ONNX model",
         "bad_input": True, "exit_code": 2}}
     assert err.splitlines()[-1] == f"{ERROR}{path}: load: empty file (0 bytes), not an ONNX model"
+
+
+def test_closed_stdout_is_not_a_traceback(tmp_path):
+    """`tvm-combiners run --json | head -c 0`: the reader is gone before the report is written."""
+    exe = shutil.which("tvm-combiners", path=os.path.dirname(sys.executable))
+    proc = subprocess.Popen([exe, "run", str(parallel_matmuls(tmp_path / "p.onnx")), "--json", "--repeat", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141
+    assert "Traceback" not in err and "[tvm-combiners] running combined (1 timed runs)" in err

@@ -14,6 +14,7 @@ import argparse
 import importlib
 import json
 import math
+import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -144,7 +145,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
     args = parser.parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except BrokenPipeError:  # stdout closed early (`| head`): no traceback, and none at exit either
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 141  # 128 + SIGPIPE, as a shell reports it
 
 
 if __name__ == "__main__":
