@@ -143,12 +143,45 @@ def test_symbolic_batch_and_sequence():
     assert_same_outputs(mod, new, random_inputs(mod, sizes={"n": 3, "s": 7}))
 
 
-def test_symbolic_width_is_left_alone():
+def test_one_symbolic_width_combines_placed_last():
+    """Like TVM's pass: one branch of symbolic width joins, split after the static ones (issue 12)."""
     m = tvm.tirx.Var("m", "int64")
-    mod = make_module({"x": ((3, 8), F32), "w0": ((8, m), F32), "w1": ((8, 4), F32)},
-                      lambda bb, x, w0, w1: [bb.emit(R.matmul(x, w0)), bb.emit(R.matmul(x, w1))])
+
+    def body(bb, x, w0, w1, w2, b1):
+        first = bb.emit(R.nn.relu(bb.emit(R.matmul(x, w0))))  # symbolic width, first in program order
+        return [first, bb.emit(R.nn.relu(bb.emit(R.matmul(x, w1)))), bb.emit(R.nn.relu(bb.emit(R.matmul(x, w2))))]
+
+    mod = make_module({"x": ((3, 8), F32), "w0": ((8, m), F32), "w1": ((8, 4), F32), "w2": ((8, 5), F32),
+                       "b1": ((4,), F32)}, body)
+    seen = []
+    new = CombineParallelMatmul(on_combine=seen.append)(mod)
+    assert ops(new, "matmul") == 1 and ops(new, "nn.relu") == 1
+    assert [str(w) for w in seen[0].widths] == ["4", "5", "m"]
+    for size in (2, 7):
+        assert_same_outputs(mod, new, random_inputs(mod, sizes={"m": size}))
+
+
+def test_two_symbolic_widths_do_not_share_a_group():
+    m, n = tvm.tirx.Var("m", "int64"), tvm.tirx.Var("n", "int64")
+    mod = make_module({"x": ((3, 8), F32), "w0": ((8, m), F32), "w1": ((8, n), F32), "w2": ((8, 4), F32)},
+                      lambda bb, x, w0, w1, w2: [bb.emit(R.matmul(x, w)) for w in (w0, w1, w2)])
     new = CombineParallelMatmul()(mod)
-    assert tvm_ffi_equal(new, mod)
+    assert ops(new, "matmul") == 2  # w0 joins w2; w1's split point would be symbolic
+    for sizes in ({"m": 2, "n": 3}, {"m": 5, "n": 1}):
+        assert_same_outputs(mod, new, random_inputs(mod, sizes=sizes))
+
+
+def test_batched_weights_with_a_2d_input():
+    """``x (M, K) @ w (B, K, N)`` siblings of equal batch combine; other batches stay apart (issue 12)."""
+
+    def body(bb, x, w0, w1, w2, w3):
+        return [bb.emit(R.matmul(x, w)) for w in (w0, w1, w2, w3)]
+
+    mod = make_module({"x": ((3, 8), F32), "w0": ((2, 8, 4), F32), "w1": ((2, 8, 5), F32),
+                       "w2": ((4, 8, 5), F32), "w3": ((8, 6), F32)}, body)
+    new = CombineParallelOps()(mod)
+    assert ops(mod, "matmul") == 4 and ops(new, "matmul") == 3  # w0 + w1; w2 (batch 4) and w3 (2-D) alone
+    assert_same_outputs(mod, new, random_inputs(mod))
 
 
 def tvm_ffi_equal(a, b) -> bool:

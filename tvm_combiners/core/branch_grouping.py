@@ -80,8 +80,8 @@ class CombinePlan:
     """One combined op: its branches (in program order), followers and split."""
 
     family: str
-    roots: tuple[int, ...]
-    widths: tuple[int, ...]
+    roots: tuple[int, ...]  # program order, but a branch of symbolic width comes last
+    widths: tuple[Dim, ...]
     steps: tuple[FollowerStep, ...]
     out_axis: int
     weight_axis: int
@@ -142,8 +142,10 @@ class _Planner:
             info = node.root
             if info is None or info.family not in self.families:
                 continue
-            if not isinstance(info.width, int) or info.width <= 0:
-                continue  # a symbolic width cannot be split at a known offset: leave it alone
+            if isinstance(info.width, int) and info.width <= 0:
+                continue
+            if self.options.to_batch and not isinstance(info.width, int):
+                continue  # stacking needs equal (static) widths
             if set(node.deps) != set(node.operands):
                 continue
             data = node.operands[info.data]
@@ -192,6 +194,8 @@ class _Planner:
         inputs = self._closure(data) | self._closure(first.operands[first.root.weight])
         for candidate in remaining[1:]:
             node = g[candidate]
+            if not self._one_symbolic_width(chosen + [candidate]):
+                continue
             closure = self._closure(node.operands[node.root.weight])
             grown = count + self._branch_count(candidate)
             if opts.max_branches is not None and grown > opts.max_branches:
@@ -210,14 +214,24 @@ class _Planner:
                         continue
             chosen.append(candidate)
             count, members, inputs = grown, members | 1 << candidate, inputs | closure
-        return chosen
+        return self._symbolic_last(chosen)
+
+    def _one_symbolic_width(self, roots: list[int]) -> bool:
+        """At most one branch of a group may have a symbolic width (TVM's rule too)."""
+        return sum(not isinstance(self.graph[r].root.width, int) for r in roots) <= 1
+
+    def _symbolic_last(self, roots: list[int]) -> list[int]:
+        """The symbolic-width branch goes last, so every split offset is a sum of static widths."""
+        return sorted(roots, key=lambda r: not isinstance(self.graph[r].root.width, int))
 
     def _choose_one_by_one(self, remaining: list[int], stacked: bool) -> tuple[list[int], CombinePlan | None]:
         """Each candidate tried with the whole plan (followers included): exact, quadratic."""
         chosen = [remaining[0]]
         plan: CombinePlan | None = None
         for candidate in remaining[1:]:
-            trial = self._plan(chosen + [candidate], stacked)
+            if not self._one_symbolic_width(chosen + [candidate]):
+                continue
+            trial = self._plan(self._symbolic_last(chosen + [candidate]), stacked)
             if trial is not None:
                 chosen.append(candidate)
                 plan = trial
@@ -259,7 +273,7 @@ class _Planner:
             total = self._weight_bytes(roots, alignment)
             if total is None or total > opts.max_combined_bytes:
                 return None
-        widths = tuple(int(info.width) for info in infos)
+        widths = tuple(info.width for info in infos)  # static, but for a symbolic last one
         steps = self._steps(roots, widths, first.out_axis, stacked)
         plan = CombinePlan(first.family, tuple(roots), widths, tuple(steps), first.out_axis, first.weight_axis,
                            alignment, first.stack if stacked else None)
@@ -308,7 +322,7 @@ class _Planner:
                 return chain
             chain.append(nxt.index)
 
-    def _steps(self, roots: list[int], widths: tuple[int, ...], axis: int, stacked: bool) -> list[FollowerStep]:
+    def _steps(self, roots: list[int], widths: tuple[Dim, ...], axis: int, stacked: bool) -> list[FollowerStep]:
         chains = [self._chain(r) for r in roots]
         on_branches = {n for c in chains for n in c}
         steps: list[FollowerStep] = []
@@ -324,7 +338,7 @@ class _Planner:
             depth += 1
         return steps
 
-    def _step(self, nodes: list[int], prevs: list[int], widths: tuple[int, ...], axis: int,
+    def _step(self, nodes: list[int], prevs: list[int], widths: tuple[Dim, ...], axis: int,
               stacked: bool) -> FollowerStep | None:
         g = self.graph
         first = g[nodes[0]]
@@ -356,7 +370,7 @@ class _Planner:
             sides.append(side)
         return FollowerStep(tuple(nodes), carried, tuple(sides))
 
-    def _side(self, operands: list[int], pos: int, widths: tuple[int, ...], axis: int, out_rank: int,
+    def _side(self, operands: list[int], pos: int, widths: tuple[Dim, ...], axis: int, out_rank: int,
               placed: tuple[int, ...] | None, stacked: bool) -> SideOperand | None:
         g = self.graph
         shapes = [g[o].shape for o in operands]

@@ -23,7 +23,7 @@ class CombineCandidate:
     roots: tuple[Any, ...]
     weights: tuple[Any, ...]
     followers: tuple[tuple[Any, ...], ...]
-    widths: tuple[int, ...]
+    widths: tuple[Any, ...]  # ints; a symbolic last one where the IR allows it
     follower_ops: tuple[str, ...]
     input_shape: tuple | None = None
     weight_shapes: tuple = ()

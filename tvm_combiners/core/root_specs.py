@@ -62,7 +62,7 @@ def conv2d_root(
         return None  # packed layouts (NCHW4c, ...) are left alone
     h, w = kernel_layout.index("H"), kernel_layout.index("W")
     kh, kw = weight[h], weight[w]
-    if not isinstance(kh, int) or not isinstance(kw, int):
+    if not isinstance(kh, int) or not isinstance(kw, int) or not isinstance(weight[kernel_layout.index("O")], int):
         return None
     pad = [int(p) for p in padding]
     top, left, bottom, right = pad * 4 if len(pad) == 1 else pad * 2 if len(pad) == 2 else pad

@@ -131,9 +131,9 @@ def _matmul_root(call: relax.Call, graph: Graph, node: Any) -> RootInfo | None:
     data, weight = (graph[i] for i in node.operands)
     if weight.shape is None or data.shape is None:
         return None
+    # Batched weights may meet an input of another rank (a 2-D x broadcast over the weights' batch):
+    # concatenating along N commutes with any broadcast, and the key keeps batch dims and ranks equal.
     family = "matmul" if len(weight.shape) == 2 else "batch_matmul"
-    if family == "batch_matmul" and len(data.shape) != len(weight.shape):
-        return None  # batch dims broadcast: the combined matmul would too, but keep it simple
     return matmul_root(family, data.shape, weight.shape, node.shape, False,
                        (data.dtype, weight.dtype, str(call.attrs.out_dtype)))
 

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import tvm_ffi
 from tvm import relax
 
 from ..core.branch_grouping import CombinePlan
@@ -93,9 +94,13 @@ class RelaxPlanBuilder(FoldingBuilder):
             args[pos] = operand
         return self._emit(relax.Call(call.op, args, call.attrs, call.ty_args))
 
-    def split(self, value: Any, widths: Sequence[int], axis: int) -> list[Any]:
-        offsets = list(np.cumsum(widths[:-1]).tolist())
-        parts = self._emit(relax.op.split(value, offsets, axis=axis))
+    def split(self, value: Any, widths: Sequence[Dim], axis: int) -> list[Any]:
+        offsets = [0] + list(np.cumsum([int(w) for w in widths[:-1]]).tolist())
+        if isinstance(widths[-1], SymDim):  # TVM's split types (and legalizes) symbolic tails badly: slice
+            ends = offsets[1:] + [offsets[-1] + widths[-1].expr]
+            return [self._emit(relax.op.strided_slice(value, axes=[axis], begin=[b], end=[e], assume_inbound=True))
+                    for b, e in zip(offsets, ends)]
+        parts = self._emit(relax.op.split(value, offsets[1:], axis=axis))
         return [relax.TupleGetItem(parts, i) for i in range(len(widths))]
 
 
@@ -108,5 +113,9 @@ def rewrite_block(view: BlockView, plans: list[CombinePlan], name: str = "combin
             out.append(view.bindings[unit])
             continue
         for end, part in zip(unit.ends, emit_plan(unit, view.graph, builder)):
-            out.append(relax.VarBinding(view.graph[end].handle, builder.normalize(part)))
+            var, part = view.graph[end].handle, builder.normalize(part)
+            if tvm_ffi.structural_equal(part.ty, var.ty):
+                out.append(relax.VarBinding(var, part))
+            else:  # a split of a symbolic width: shapes TVM cannot prove equal, checked at run time
+                out.append(relax.MatchCast(var, part, var.ty))
     return relax.DataflowBlock(out)

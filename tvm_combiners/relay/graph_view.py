@@ -141,6 +141,8 @@ def _matmul_root(name: str, attrs: Any, graph: Graph, node: Any) -> RootInfo | N
     transposed = True if name == "nn.dense" else bool(attrs.transpose_b)
     root = matmul_root(family, data.shape, weight.shape, node.shape, transposed,
                        (name, data.dtype, weight.dtype, str(attrs.out_dtype)))
+    if root is not None and not isinstance(root.width, int):
+        return None  # a ? width: Relay's static split and concat need it known
     if root is not None and root.stack and not all(isinstance(d, int) for d in node.shape):
         root = dataclasses.replace(root, stack=None)  # unstacking reshapes to the branch shape: ? has none
     return root
