@@ -240,3 +240,63 @@ def test_gpu_path_selection() -> None:
     assert gpu_identity(0, "h", "3,5") == ("h", "3")
     assert gpu_identity(1, "h", "3,5") == ("h", "5")
     assert gpu_identity(2, "h", "") == ("h", "2")
+
+
+class _FakeCudaTensor:
+    """Just enough of a TVM cuda tensor for the NCCL dispatch (no GPU needed)."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: str = "float32", ptr: int = 0x1000) -> None:
+        self.shape, self.dtype, self.data_ptr = shape, dtype, ptr
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (2, 0)
+
+    def numpy(self) -> np.ndarray:
+        return np.zeros(self.shape, self.dtype)
+
+    def copyfrom(self, value: np.ndarray) -> None:
+        self.copied = value
+
+
+def test_cuda_dispatch_uses_nccl_on_the_stream_or_stages(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which call NCCL gets (buffers, op, stream), and what falls back to host staging."""
+    from tvm_combiners.collectives.runtime import comm, nccl
+
+    calls: list[tuple] = []
+
+    class Comm:
+        def allreduce(self, send, recv, op, stream):
+            calls.append(("allreduce", send.__cuda_array_interface__["data"][0],
+                          recv.__cuda_array_interface__["data"][0], op, stream))
+
+        def allgather(self, send, recv, stream):
+            calls.append(("allgather", recv.__cuda_array_interface__["shape"], stream))
+
+        def reduce_scatter(self, send, recv, op, stream):
+            calls.append(("reduce_scatter", recv.__cuda_array_interface__["typestr"], op, stream))
+
+    class Core:
+        SUM, PROD, MIN, MAX, AVG = range(5)
+
+    monkeypatch.setattr(nccl, "nccl_group", lambda groups, grp, device: nccl.NcclGroup(Core, Comm()))
+    monkeypatch.setattr(nccl, "_stream", lambda t: 77)
+    staged: list[str] = []
+    monkeypatch.setattr(nccl, "allgather_np", lambda *a: staged.append("allgather"))
+    monkeypatch.setattr(nccl, "reduce_scatter_np", lambda *a: staged.append("reduce_scatter"))
+    monkeypatch.setattr(nccl, "allreduce_np", lambda *a: staged.append("allreduce"))
+    grp = comm.Group(comm=None, members=(0, 1), position=0)
+    x, out = _FakeCudaTensor((4, 6), ptr=0x10), _FakeCudaTensor((4, 6), ptr=0x20)
+    nccl.allreduce("n", "", grp, x, "avg", out)
+    nccl.allreduce("n", "", grp, x, "max", out)
+    nccl.allgather("n", "", grp, x, 0, _FakeCudaTensor((8, 6)))
+    nccl.allgather("n", "", grp, _FakeCudaTensor((1, 4, 6)), 1, _FakeCudaTensor((1, 8, 6)))
+    nccl.reduce_scatter("n", "", grp, x, "sum", 0, _FakeCudaTensor((2, 6)))
+    assert calls == [("allreduce", 0x10, 0x20, Core.AVG, 77), ("allreduce", 0x10, 0x20, Core.MAX, 77),
+                     ("allgather", (8, 6), 77), ("allgather", (1, 8, 6), 77), ("reduce_scatter", "<f4", Core.SUM, 77)]
+    # not NCCL's: a non-leading axis, a dtype NCCL lacks, avg on integers
+    nccl.allgather("n", "", grp, x, 1, _FakeCudaTensor((4, 12)))
+    nccl.reduce_scatter("n", "", grp, x, "sum", 1, _FakeCudaTensor((4, 3)))
+    nccl.allreduce("n", "", grp, _FakeCudaTensor((3,), "int16"), "sum", _FakeCudaTensor((3,), "int16"))
+    nccl.allreduce("n", "", grp, _FakeCudaTensor((3,), "int32"), "avg", _FakeCudaTensor((3,), "int32"))
+    assert staged == ["allgather", "reduce_scatter", "allreduce", "allreduce"]
+    assert len(calls) == 5

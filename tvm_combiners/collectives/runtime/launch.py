@@ -199,17 +199,18 @@ def launch(n: int, argv: list[str], timeout: float | None = None) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``-n/--np N [--timeout S] -- command ...`` (for ``tvm-combiners launch``)."""
-    parser.add_argument("-n", "--np", dest="np", type=int, required=True, help="number of ranks")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+    parser.add_argument("-n", "--np", dest="np", type=int, required=True, metavar="N", help="number of ranks")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
                         help=f"seconds before every rank is killed (default {DEFAULT_TIMEOUT:g})")
-    parser.add_argument("command", nargs=argparse.REMAINDER,
+    # dest "argv", not "command": tvm-combiners' subparsers already store the subcommand in "command"
+    parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="command",
                         help="the command after '--'; python programs run as python -m mpi4py")
 
 
 def main(args: argparse.Namespace) -> int:
     """Run the parsed ``launch`` arguments; 2 on a usage error, else the job's exit code."""
     try:
-        return launch(args.np, args.command, timeout=args.timeout)
+        return launch(args.np, args.argv, timeout=args.timeout)
     except (ValueError, FileNotFoundError) as err:
         print(f"{err}" if str(err).startswith(PREFIX) else f"{PREFIX}: error: {err}", file=sys.stderr)
         return 2
