@@ -77,7 +77,7 @@ class _RenameCalls(relax.PyExprMutator):
 
 def side_by_side(before: tvm.IRModule, after: tvm.IRModule) -> tvm.IRModule:
     """``after`` plus ``before``'s functions renamed ``ref_*``: one compile and one JIT for both."""
-    bb = relax.BlockBuilder()
+    bb = relax.BlockBuilder(after)
     renamed: dict[str, relax.GlobalVar] = {}
     # callees first (only main calls other functions), so main's calls see typed GlobalVars
     for gv, func in sorted(before.functions_items(), key=lambda item: item[0].name_hint == "main"):
@@ -86,8 +86,6 @@ def side_by_side(before: tvm.IRModule, after: tvm.IRModule) -> tvm.IRModule:
         if func.attrs and "global_symbol" in func.attrs:
             func = func.with_attr("global_symbol", "ref_" + gv.name_hint)
         renamed[gv.name_hint] = bb.add_func(func, "ref_" + gv.name_hint)
-    for gv, func in after.functions_items():
-        bb.add_func(func, gv.name_hint)
     return bb.get()
 
 
