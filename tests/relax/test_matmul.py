@@ -407,3 +407,62 @@ def test_inputs_differing_only_in_repeated_operands_stay_apart():
     new = CombineParallelMatmul()(mod)
     assert ops(mod, "matmul") == 3 and ops(new, "matmul") == 2  # a and c combine, b stays alone
     assert_same_outputs(mod, new, random_inputs(mod))
+
+
+# -- drop-in replacement for TVM's CombineParallelMatmul (issue 12) ----------------------------
+
+
+def _tvm_style_module(bias_first=False):
+    """Weights and biases as parameters, matmul then add then relu: the form TVM's pass matches."""
+
+    def body(bb, x, w0, w1, w2, b0, b1, b2):
+        outs = []
+        for w, b in ((w0, b0), (w1, b1), (w2, b2)):
+            y = bb.emit(R.matmul(x, w))
+            outs.append(bb.emit(R.nn.relu(bb.emit(R.add(b, y) if bias_first else R.add(y, b)))))
+        return outs
+
+    params = {"x": ((3, 8), F32)}
+    params.update({f"w{i}": ((8, n), F32) for i, n in enumerate((4, 5, 6))})
+    params.update({f"b{i}": ((n,), F32) for i, n in enumerate((4, 5, 6))})
+    return make_module(params, body)
+
+
+def test_tvm_check_signature_positionally():
+    mod = _tvm_style_module()
+    seen = []
+
+    def tvm_check(lhs, rhs, bias, bindings):
+        seen.append((str(lhs), [str(r) for r in rhs], [str(b) for b in bias], len(bindings)))
+        return True
+
+    ours = CombineParallelMatmul(tvm_check)(mod)
+    theirs = relax.transform.CombineParallelMatmul(tvm_check)(mod)
+    assert seen[0] == seen[1] == ("x", ["w0", "w1", "w2"], ["b0", "b1", "b2"], 10)  # what TVM hands over
+    assert ops(ours, "matmul") == ops(theirs, "matmul") == 1
+    assert_same_outputs(mod, ours, random_inputs(mod))
+    assert tvm_ffi_equal(CombineParallelMatmul(lambda lhs, rhs, bias, bindings: False)(mod), mod)  # a veto
+
+
+def test_tvm_check_as_keyword_and_our_candidate_check():
+    mod = _tvm_style_module()
+    assert ops(CombineParallelMatmul(check=lambda lhs, rhs, bias, bindings: len(rhs) == 3)(mod), "matmul") == 1
+    assert tvm_ffi_equal(CombineParallelMatmul(check=lambda lhs, rhs, bias, bindings: len(rhs) == 2)(mod), mod)
+    assert ops(CombineParallelMatmul(check=lambda c: len(c.roots) == 3)(mod), "matmul") == 1
+    with pytest.raises(TypeError, match="a positional check has TVM's signature check\\(lhs, rhs, bias, bindings\\)"):
+        CombineParallelMatmul(lambda candidate: True)
+    with pytest.raises(TypeError, match="CombineParallelMatmul: check given twice"):
+        CombineParallelMatmul(lambda a, b, c, d: True, check=lambda c: True)
+    with pytest.raises(TypeError, match="CombineParallelMatmul: check must be callable or None, got int"):
+        CombineParallelMatmul(3)
+
+
+@pytest.mark.parametrize("bias_first", [False, True])
+def test_ours_combines_whatever_tvms_pass_does(bias_first):
+    mod = _tvm_style_module(bias_first)
+    ours, theirs = CombineParallelMatmul()(mod), relax.transform.CombineParallelMatmul()(mod)
+    assert ops(ours, "matmul") <= ops(theirs, "matmul") and ops(ours, "matmul") == 1
+    inputs = random_inputs(mod)
+    assert_same_outputs(mod, ours, inputs)
+    for got, want in zip(run(ours, inputs), run(theirs, inputs)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

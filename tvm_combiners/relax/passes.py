@@ -19,7 +19,7 @@ def _build(settings: CombineSettings) -> tvm.transform.Pass:
         for block in body.blocks:
             if isinstance(block, relax.DataflowBlock):
                 view = build_block_view(block)
-                plans = settings.plan(view.graph, view.expr_of)
+                plans = settings.plan(view.graph, view.expr_of, lambda: relax.analysis.get_var2val(func))
                 if plans:
                     block = rewrite_block(view, plans)
                     changed = True
