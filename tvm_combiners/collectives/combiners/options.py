@@ -1,0 +1,73 @@
+"""Options and reports shared by the Relax and Relay combiner passes (validated once, here)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+from .keys import DEFAULT_THRESHOLD_BYTES, DEFAULT_THRESHOLD_COUNT, PASS_KINDS
+
+
+@dataclass(frozen=True)
+class CombineReport:
+    """One combined collective, handed to ``on_combine``.
+
+    ``kind``: allreduce, allgather, reduce_scatter, send_recv (or ``ccl.allreduce`` /
+    ``ccl.allgather`` for TVM's own ops); ``num_ops``: ops (transfers, for send_recv) it replaces;
+    ``nbytes``: payload bytes per rank; ``key``: what they agreed on.
+    """
+
+    kind: str
+    num_ops: int
+    nbytes: int
+    key: Hashable
+
+    def describe(self) -> str:
+        return f"{self.num_ops} x {self.kind} -> 1 ({self.nbytes} bytes)"
+
+
+#: Pass name -> the op families it combines.
+PASS_FAMILIES: dict[str, tuple[str, ...]] = {
+    "AllReduceCombiner": ("allreduce",),
+    "AllGatherCombiner": ("allgather",),
+    "ReduceScatterCombiner": ("reduce_scatter",),
+    "SendRecvCombiner": ("send_recv",),
+    "CombineCollectives": PASS_KINDS,
+}
+
+
+@dataclass(frozen=True)
+class CombinerOptions:
+    pass_name: str
+    families: tuple[str, ...]
+    threshold_bytes: int
+    threshold_count: int
+    combine_by_dim: bool
+    on_combine: Callable[[CombineReport], Any] | None
+
+    @property
+    def enabled(self) -> bool:
+        return self.threshold_bytes > 0 and self.threshold_count > 0
+
+    def report(self, kind: str, num_ops: int, nbytes: int, key: Hashable) -> None:
+        if self.on_combine is not None:
+            self.on_combine(CombineReport(kind, num_ops, nbytes, key))
+
+
+def make_options(
+    pass_name: str,
+    threshold_bytes: Any = DEFAULT_THRESHOLD_BYTES,
+    threshold_count: Any = DEFAULT_THRESHOLD_COUNT,
+    on_combine: Any = None,
+    combine_by_dim: Any = True,
+) -> CombinerOptions:
+    """Validated options; every message names the pass, the option and the rule."""
+    for name, value in (("threshold_bytes", threshold_bytes), ("threshold_count", threshold_count)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{pass_name}: {name} must be an int (<= 0 disables the pass), got {type(value).__name__} {value!r}")
+    if not isinstance(combine_by_dim, bool):
+        raise TypeError(f"{pass_name}: combine_by_dim must be a bool, got {type(combine_by_dim).__name__} {combine_by_dim!r}")
+    if on_combine is not None and not callable(on_combine):
+        raise TypeError(f"{pass_name}: on_combine must be callable or None, got {type(on_combine).__name__}")
+    return CombinerOptions(pass_name, PASS_FAMILIES[pass_name], threshold_bytes, threshold_count, combine_by_dim, on_combine)

@@ -1,0 +1,112 @@
+"""Which ops of one region combine, and in what order the region is re-emitted (IR-neutral).
+
+Collectives group through the core's :func:`~tvm_combiners.core.combine_by_key.combine_by_key`
+(skip-ahead, exact thresholds, proven acyclic). Sends and recvs group as *transfers*: a transfer is
+a matched (send, recv) pair, and a group of transfers becomes one send and one recv, so the send
+group and the recv group must mirror each other. The adapters add the edge send -> recv for every
+match to the graph (a recv waits for its send), so keeping the contracted graph acyclic keeps the
+combined send before the combined recv: no cycle and no deadlock. Walk in program order; a transfer
+joins the oldest open group of its key whose sends and recvs it does not depend on (and that do not
+depend on it), reachability contracted after every join (exact, as XLA does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+from ...core.combine_by_key import combine_by_key
+from ...core.graph import Graph, Reachability, contracted_order
+
+
+@dataclass
+class _Transfers:
+    sends: list[int] = field(default_factory=list)
+    recvs: list[int] = field(default_factory=list)
+    sbits: int = 0
+    rbits: int = 0
+    nbytes: int = 0
+
+
+@dataclass(frozen=True)
+class RegionPlan:
+    """``groups``: collective groups; ``transfers``: (sends, recvs) per combined transfer; ``order``:
+    units to emit, node indices and ``-1 - u`` for unit ``u`` of :attr:`units`."""
+
+    groups: list[list[int]]
+    transfers: list[tuple[list[int], list[int]]]
+    order: list[int]
+
+    @property
+    def units(self) -> list[list[int]]:
+        return [*self.groups, *(part for pair in self.transfers for part in pair)]
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.groups or self.transfers)
+
+
+def _limits(threshold_bytes: int, threshold_count: int) -> bool:
+    return threshold_bytes > 0 and threshold_count >= 2
+
+
+def group_transfers(graph: Graph, groups: Sequence[Sequence[int]], transfers: Sequence[tuple[int, int, Hashable]],
+                    threshold_bytes: int, threshold_count: int) -> list[tuple[list[int], list[int]]]:
+    """Groups of (send, recv, key) transfers, given collective ``groups`` already chosen."""
+    if not transfers or not _limits(threshold_bytes, threshold_count):
+        return []
+    reach = Reachability(graph)
+    for g in groups:
+        reach.contract(g)
+    open_groups: dict[Hashable, list[_Transfers]] = {}
+    done: list[_Transfers] = []
+    for s, r, key in transfers:
+        nbytes = graph[s].nbytes
+        if nbytes is None or nbytes > threshold_bytes:
+            continue
+        bit_s, bit_r = 1 << s, 1 << r
+        chosen = None
+        for g in open_groups.get(key, []):
+            if len(g.sends) >= threshold_count or g.nbytes + nbytes > threshold_bytes:
+                continue
+            if reach.depends_on_any(s, g.sbits | g.rbits) or reach.depends_on_any(r, g.rbits):
+                continue  # a send after a recv of the group, or a recv after another: a cycle
+            if any(reach.depends_on_any(m, bit_s | bit_r) for m in g.sends):
+                continue
+            if any(reach.depends_on_any(m, bit_r) for m in g.recvs):
+                continue
+            chosen = g
+            break
+        if chosen is None:
+            chosen = _Transfers()
+            open_groups.setdefault(key, []).append(chosen)
+        chosen.sends.append(s)
+        chosen.recvs.append(r)
+        chosen.sbits |= bit_s
+        chosen.rbits |= bit_r
+        chosen.nbytes += nbytes
+        if len(chosen.sends) > 1:
+            reach.contract(chosen.sends)
+            reach.contract(chosen.recvs)
+        if len(chosen.sends) >= threshold_count or chosen.nbytes >= threshold_bytes:
+            open_groups[key].remove(chosen)
+            done.append(chosen)
+    done.extend(g for gs in open_groups.values() for g in gs)
+    out = [(g.sends, g.recvs) for g in done if len(g.sends) >= 2]
+    return sorted(out, key=lambda pair: pair[0][0])
+
+
+def plan_region(graph: Graph, keys: Sequence[Hashable | None], transfers: Sequence[tuple[int, int, Hashable]],
+                threshold_bytes: int, threshold_count: int) -> RegionPlan:
+    """Groups and a re-emission order for one region (``keys[i]``: node i's collective key or None)."""
+    groups: list[list[int]] = []
+    if any(k is not None for k in keys):
+        groups = combine_by_key(graph, lambda node: keys[node.index], threshold_bytes, threshold_count)
+    pairs = group_transfers(graph, groups, transfers, threshold_bytes, threshold_count)
+    for attempt in (pairs, []):
+        plan = RegionPlan(groups, attempt, [])
+        firsts = [members[0] for members in plan.units]
+        order = contracted_order(graph, plan.units, lambda _i: False, firsts.__getitem__)
+        if order is not None:
+            return RegionPlan(groups, attempt, order)
+    raise AssertionError("collective combiners: combine_by_key returned groups that form a cycle")

@@ -1,0 +1,421 @@
+"""Relax adapter of the collective combiners: IR -> neutral graph -> groups -> IR.
+
+Two levels per function:
+
+- the function body, where our collectives (impure) live in non-dataflow blocks: every binding
+  outside dataflow blocks is one unit and every dataflow block one unit (it moves whole);
+- each dataflow block, where TVM's pure ``R.ccl.allreduce``/``R.ccl.allgather`` may sit (they may
+  also sit outside, and then combine at the first level).
+
+A unit's dependencies are the variables it reads; a recv also waits for the send it is matched
+with (OrderSendRecv runs first, so that send comes earlier); an impure call we do not know is a
+barrier (nothing moves across it). The region is re-emitted in the contracted order the planner
+returns. A combined group is: one pack kernel (``call_tir``), the collective on the flat buffer,
+one unpack kernel whose outputs are bound to the members' original variables (so users are
+untouched).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Hashable
+from typing import Any
+
+import tvm
+from tvm import ir, relax
+
+from ...core.graph import Graph
+from .. import relax as CR
+from .. import spec as S
+from ..ordering import OrderNode, plan_send_recv_order
+from . import tir_kernels
+from .keys import (
+    DEFAULT_THRESHOLD_BYTES,
+    DEFAULT_THRESHOLD_COUNT,
+    PackPlan,
+    ccl_key,
+    collective_key,
+    pass_kind_of_key,
+    plan_pack,
+    renumber_channels,
+    transfer_key,
+)
+from .options import CombinerOptions, make_options
+from .planning import plan_region
+
+_CCL = ("relax.ccl.allreduce", "relax.ccl.allgather")
+
+
+def _static(ty: Any) -> tuple[tuple[int, ...], str] | None:
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    dims = []
+    for v in ty.shape.values:
+        if not isinstance(v, tvm.tirx.IntImm):
+            return None
+        dims.append(int(v.value))
+    return tuple(dims), str(ty.dtype)
+
+
+@dataclasses.dataclass
+class _Op:
+    """A combinable binding: its family, key, payload and what rebuilding it needs."""
+
+    family: str  # allreduce | allgather | reduce_scatter | send | recv | ccl.allreduce | ccl.allgather
+    key: Hashable
+    shape: tuple[int, ...]
+    dtype: str
+    axis: int = 0
+    group_size: int = 1
+    spec: S.CollectiveSpec | None = None
+    call: relax.Call | None = None
+
+
+def _classify(binding: Any, opts: CombinerOptions) -> _Op | None:
+    if not isinstance(binding, relax.VarBinding) or not isinstance(binding.value, relax.Call):
+        return None
+    call = binding.value
+    if not isinstance(call.op, ir.Op):
+        return None
+    spec = CR.info(call)
+    if spec is not None:
+        if spec.kind == "recv":
+            assert spec.shape is not None and spec.dtype is not None
+            return _Op("recv", transfer_key(spec), spec.shape, spec.dtype, spec=spec, call=call)
+        if spec.kind == "after_all":
+            return None
+        payload = _static(call.args[0].ty)
+        if payload is None:
+            return None
+        if spec.kind == "send":
+            return _Op("send", transfer_key(spec), *payload, spec=spec, call=call)
+        key = collective_key(spec, payload[1], opts.combine_by_dim)
+        return _Op(spec.kind, key, *payload, axis=spec.axis or 0, group_size=spec.group_size or 1, spec=spec, call=call)
+    if call.op.name in _CCL:
+        payload = _static(call.args[0].ty)
+        if payload is None or (call.op.name == "relax.ccl.allgather" and not payload[0]):
+            return None
+        name = call.op.name.removeprefix("relax.")
+        attrs = {k: getattr(call.attrs, k) for k in ("op_type", "in_group", "num_workers") if hasattr(call.attrs, k)}
+        size = int(attrs.get("num_workers", 1))
+        return _Op(name, ccl_key(name, attrs, payload[1]), *payload, group_size=size, call=call)
+    return None
+
+
+def _enabled(op: _Op, opts: CombinerOptions) -> bool:
+    family = "send_recv" if op.family in ("send", "recv") else pass_kind_of_key(op.key)
+    return family in opts.families
+
+
+class _FunctionCombiner:
+    def __init__(self, bb: relax.BlockBuilder, opts: CombinerOptions, channels: _Channels,
+                 kernels: dict[str, tvm.ir.GlobalVar]) -> None:
+        self.bb = bb
+        self.opts = opts
+        self.channels = channels
+        self.kernels = kernels  # generated source -> its PrimFunc in the module (shared, deduplicated)
+
+    # ------------------------------------------------------------------ regions
+    def combine_units(self, units: list[tuple[Any, bool]], dataflow: bool) -> tuple[list[tuple[Any, bool]], bool]:
+        """Re-emit one region; ``units``: (binding, False) or (dataflow block, True)."""
+        graph = Graph()
+        defined: dict[Any, int] = {}
+        ops: list[_Op | None] = []
+        barrier: int | None = None
+        since_barrier: list[int] = []
+        for i, (unit, is_block) in enumerate(units):
+            bindings = list(unit.bindings) if is_block else [unit]
+            own = {b.var for b in bindings}
+            deps = {defined[v] for b in bindings for v in relax.analysis.free_vars(b.value) if v not in own and v in defined}
+            op = None if is_block else _classify(unit, self.opts)
+            if op is not None and not _enabled(op, self.opts):
+                op = None
+            impure = not is_block and not dataflow and relax.analysis.contains_impure_call(unit.value)
+            known = op is not None or (not is_block and (CR.info(unit.value) is not None or _is_ccl(unit.value)))
+            if impure and not known:  # an effect we do not understand: nothing crosses it
+                deps.update(since_barrier)
+                if barrier is not None:
+                    deps.add(barrier)
+                barrier, since_barrier = i, []
+            elif barrier is not None:
+                deps.add(barrier)
+            if known:
+                since_barrier.append(i)
+            shape, dtype = (op.shape, op.dtype) if op is not None else (None, None)
+            graph.add(op="unit", operands=(), deps=tuple(sorted(deps)), shape=shape, dtype=dtype)
+            ops.append(op)
+            for b in bindings:
+                defined[b.var] = i
+        transfers = self._match(graph, ops) if not dataflow else []
+        keys = [op.key if op is not None and op.family not in ("send", "recv") else None for op in ops]
+        plan = plan_region(graph, keys, transfers, self.opts.threshold_bytes, self.opts.threshold_count)
+        if not plan.changed:
+            return units, False
+        groups = plan.units
+        n_collective = len(plan.groups)
+        channel_of: dict[int, int] = {}
+        out: list[tuple[Any, bool]] = []
+        for u in plan.order:
+            if u >= 0:
+                out.append(units[u])
+                continue
+            g = -1 - u
+            members = groups[g]
+            if g < n_collective:
+                new = self._collective([units[m][0] for m in members], [ops[m] for m in members], dataflow)
+            else:
+                t, is_recv = divmod(g - n_collective, 2)
+                if not is_recv:  # the send group is emitted first (the recv group depends on it)
+                    channel_of[t] = self.channels.take()
+                    new = self._send([units[m][0] for m in members], [ops[m] for m in members], channel_of[t])
+                else:
+                    new = self._recv([units[m][0] for m in members], [ops[m] for m in members], channel_of[t])
+            out.extend((b, False) for b in new)
+        return out, True
+
+    def _match(self, graph: Graph, ops: list[_Op | None]) -> list[tuple[int, int, Hashable]]:
+        """Matched (send, recv, key) in program order; adds the edge send -> recv to the graph."""
+        if not any(op is not None and op.family in ("send", "recv") for op in ops):
+            return []
+        nodes = []
+        for node, op in zip(graph.nodes, ops):
+            if op is not None and op.family in ("send", "recv"):
+                assert op.spec is not None
+                nodes.append(OrderNode(op.family, node.deps, op.spec.channel_id, op.spec.pairs, (op.shape, op.dtype)))
+            else:
+                nodes.append(OrderNode("other", node.deps))
+        plan = plan_send_recv_order(nodes, "combiner")
+        out = []
+        for s, r in plan.matches:
+            if s > r:
+                return []  # not in a deadlock-free order: leave transfers alone
+            node = graph[r]
+            node.deps = tuple(sorted({*node.deps, s}))
+            out.append((s, r, ops[s].key))  # type: ignore[union-attr]
+        return sorted(out)
+
+    # ------------------------------------------------------------------ emission
+    def _var(self, name: str, ty: Any, dataflow: bool) -> relax.Var:
+        return (relax.DataflowVar if dataflow else relax.Var)(name, ty)
+
+    def _kernel(self, source_of: Any, plan: PackPlan, prefix: str) -> tvm.ir.GlobalVar:
+        source = source_of(plan, prefix)
+        gv = self.kernels.get(source)
+        if gv is None:
+            gv = self.kernels[source] = self.bb.add_func(tir_kernels.build(source), prefix)
+        return gv
+
+    def _pack_unpack(self, plan: PackPlan, operands: list[relax.Expr], dataflow: bool,
+                     collective: Any, results: list[relax.Var]) -> list[relax.Binding]:
+        """pack -> ``collective(flat)`` -> unpack into ``results`` (the members' own variables)."""
+        flat_ty = relax.TensorType([plan.in_len], plan.flat_dtype)
+        pack = self._var("combined_in", flat_ty, dataflow)
+        out: list[relax.Binding] = []
+        if operands:
+            gv = self._kernel(tir_kernels.pack_source, plan, f"pack_{plan.kind}")
+            out.append(relax.VarBinding(pack, self.bb.normalize(relax.call_tir(gv, operands, flat_ty))))
+        bindings, reduced = collective(pack if operands else None)
+        out += bindings
+        if results:
+            tys = [relax.TensorType(list(s.result_shape), s.dtype) for s in plan.segments]
+            gv = self._kernel(tir_kernels.unpack_source, plan, f"unpack_{plan.kind}")
+            parts = self._var("combined_parts", relax.TupleType(tys), dataflow)
+            out.append(relax.VarBinding(parts, self.bb.normalize(relax.call_tir(gv, [reduced], tys))))
+            out += [relax.VarBinding(v, self.bb.normalize(relax.TupleGetItem(parts, i))) for i, v in enumerate(results)]
+        return out
+
+    def _collective(self, bindings: list[Any], ops: list[Any], dataflow: bool) -> list[relax.Binding]:
+        first = ops[0]
+        kind = first.family.removeprefix("ccl.")
+        plan = plan_pack(kind, [(op.shape, op.dtype, op.axis) for op in ops], first.group_size)
+        self.opts.report(first.family, len(ops), plan.total_bytes, first.key)
+
+        def collective(flat: relax.Var) -> tuple[list[relax.Binding], relax.Var]:
+            if first.family.startswith("ccl."):
+                call = first.call
+                if first.family == "ccl.allreduce":
+                    new = relax.op.ccl.allreduce(flat, str(call.attrs.op_type), bool(call.attrs.in_group))
+                else:
+                    new = relax.op.ccl.allgather(flat, int(call.attrs.num_workers), bool(call.attrs.in_group))
+            else:
+                spec = dataclasses.replace(first.spec, axis=None if first.spec.axis is None else 0)
+                new = _call(spec, [flat])
+            new = self.bb.normalize(new)
+            var = self._var("combined", new.ty, dataflow)
+            return [relax.VarBinding(var, new)], var
+
+        return self._pack_unpack(plan, [op.call.args[0] for op in ops], dataflow, collective, [b.var for b in bindings])
+
+    def _token(self, calls: list[relax.Call], position: int) -> tuple[list[relax.Binding], relax.Expr]:
+        """One token after every member's token (a fresh one when none orders anything)."""
+        tokens: list[relax.Expr] = []
+        for call in calls:
+            tok = call.args[position]
+            if not isinstance(tok, tvm.ir.expr.Constant) and not any(tok.same_as(t) for t in tokens):
+                tokens.append(tok)
+        if not tokens:
+            return [], CR.token()
+        if len(tokens) == 1:
+            return [], tokens[0]
+        joined = relax.Var("combined_token", relax.TensorType([], S.TOKEN_DTYPE))
+        return [relax.VarBinding(joined, self.bb.normalize(CR.after_all(*tokens)))], joined
+
+    def _send(self, bindings: list[Any], ops: list[Any], channel: int) -> list[relax.Binding]:
+        plan = plan_pack("send_recv", [(op.shape, op.dtype, 0) for op in ops])
+        self.opts.report("send_recv", len(ops), plan.total_bytes, ops[0].key)
+        pre, tok = self._token([op.call for op in ops], 1)
+        spec = dataclasses.replace(ops[0].spec, channel_id=channel)
+        done = relax.Var("combined_send", relax.TensorType([], S.TOKEN_DTYPE))
+
+        def collective(flat: relax.Var) -> tuple[list[relax.Binding], relax.Var]:
+            return [relax.VarBinding(done, self.bb.normalize(_call(spec, [flat, tok])))], done
+
+        out = pre + self._pack_unpack(plan, [op.call.args[0] for op in ops], False, collective, [])
+        return out + [relax.VarBinding(b.var, done) for b in bindings]
+
+    def _recv(self, bindings: list[Any], ops: list[Any], channel: int) -> list[relax.Binding]:
+        plan = plan_pack("send_recv", [(op.shape, op.dtype, 0) for op in ops])
+        pre, tok = self._token([op.call for op in ops], 0)
+        spec = dataclasses.replace(ops[0].spec, channel_id=channel, shape=(plan.in_len,), dtype=plan.flat_dtype)
+
+        def collective(_flat: Any) -> tuple[list[relax.Binding], relax.Var]:
+            call = self.bb.normalize(_call(spec, [tok]))
+            var = relax.Var("combined_recv", call.ty)
+            return [relax.VarBinding(var, call)], var
+
+        return pre + self._pack_unpack(plan, [], False, collective, [b.var for b in bindings])
+
+
+class _Channels:
+    """Fresh channel ids for combined transfers, the smallest unused ones, in program order.
+
+    Every rank runs the same program and this pass is deterministic, so every rank renumbers the
+    same way without talking to the others.
+    """
+
+    def __init__(self, used: list[int]) -> None:
+        self._used = set(used)
+
+    def take(self) -> int:
+        (channel,) = renumber_channels(sorted(self._used), 1)
+        self._used.add(channel)
+        return channel
+
+
+def _is_ccl(value: Any) -> bool:
+    return isinstance(value, relax.Call) and isinstance(value.op, ir.Op) and value.op.name in _CCL
+
+
+def _call(spec: S.CollectiveSpec, args: list[relax.Expr]) -> relax.Call:
+    return relax.Call(ir.Op.get(spec.op_name_relax), list(args), ir.make_node("ir.DictAttrs", **spec.attrs()))
+
+
+def _used_channels(mod: tvm.IRModule) -> list[int]:
+    used: list[int] = []
+
+    def visit(e: Any) -> None:
+        spec = CR.info(e)
+        if spec is not None and spec.channel_id is not None:
+            used.append(spec.channel_id)
+
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func.body, visit)
+    return used
+
+
+def _rebuild(units: list[tuple[Any, bool]], dataflow: bool) -> list[relax.BindingBlock]:
+    if dataflow:
+        return [relax.DataflowBlock([b for b, _ in units])]
+    blocks: list[relax.BindingBlock] = []
+    pending: list[Any] = []
+    for unit, is_block in units:
+        if is_block:
+            if pending:
+                blocks.append(relax.BindingBlock(pending))
+                pending = []
+            blocks.append(unit)
+        else:
+            pending.append(unit)
+    if pending:
+        blocks.append(relax.BindingBlock(pending))
+    return blocks
+
+
+def _combine_module(mod: tvm.IRModule, opts: CombinerOptions) -> tvm.IRModule:
+    if not opts.enabled:
+        return mod
+    if "send_recv" in opts.families:
+        mod = CR.OrderSendRecv()(mod)  # sends before their recvs: the matches below rely on it
+    bb = relax.BlockBuilder(mod)
+    channels = _Channels(_used_channels(mod))
+    kernels: dict[str, tvm.ir.GlobalVar] = {}
+    updates = {}
+    for gv, func in mod.functions_items():
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+            continue
+        combiner = _FunctionCombiner(bb, opts, channels, kernels)
+        units: list[tuple[Any, bool]] = []
+        changed = False
+        for block in func.body.blocks:
+            if isinstance(block, relax.DataflowBlock):
+                inner, did = combiner.combine_units([(b, False) for b in block.bindings], dataflow=True)
+                if did:
+                    block, changed = _rebuild(inner, True)[0], True
+                units.append((block, True))
+            else:
+                units.extend((b, False) for b in block.bindings)
+        units, did = combiner.combine_units(units, dataflow=False)
+        if not (did or changed):
+            continue
+        body = relax.SeqExpr(_rebuild(units, False), func.body.body)
+        updates[gv] = relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
+    if not updates:
+        return mod
+    out = bb.get()
+    for gv, func in updates.items():
+        out[gv] = relax.BlockBuilder().normalize(func)
+    return out
+
+
+def _make(pass_name: str, threshold_bytes: int, threshold_count: int, on_combine: Any,
+          combine_by_dim: bool = True) -> tvm.transform.Pass:
+    opts = make_options(pass_name, threshold_bytes, threshold_count, on_combine, combine_by_dim)
+
+    def transform(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        return _combine_module(mod, opts)
+
+    return tvm.transform.module_pass(transform, opt_level=0, name=pass_name)
+
+
+def AllReduceCombiner(threshold_bytes: int = DEFAULT_THRESHOLD_BYTES, threshold_count: int = DEFAULT_THRESHOLD_COUNT,  # noqa: N802
+                      on_combine: Any = None) -> tvm.transform.Pass:
+    """Combine independent allreduces of one key (ours and ``R.ccl.allreduce``) into one each."""
+    return _make("AllReduceCombiner", threshold_bytes, threshold_count, on_combine)
+
+
+def AllGatherCombiner(threshold_bytes: int = DEFAULT_THRESHOLD_BYTES, threshold_count: int = DEFAULT_THRESHOLD_COUNT,  # noqa: N802
+                      on_combine: Any = None, combine_by_dim: bool = True) -> tvm.transform.Pass:
+    """Combine independent allgathers (and ``R.ccl.allgather``); ``combine_by_dim=False``: any axes together."""
+    return _make("AllGatherCombiner", threshold_bytes, threshold_count, on_combine, combine_by_dim)
+
+
+def ReduceScatterCombiner(threshold_bytes: int = DEFAULT_THRESHOLD_BYTES, threshold_count: int = DEFAULT_THRESHOLD_COUNT,  # noqa: N802
+                          on_combine: Any = None, combine_by_dim: bool = True) -> tvm.transform.Pass:
+    """Combine independent reduce_scatters; ``combine_by_dim=False``: any axes together."""
+    return _make("ReduceScatterCombiner", threshold_bytes, threshold_count, on_combine, combine_by_dim)
+
+
+def SendRecvCombiner(threshold_bytes: int = DEFAULT_THRESHOLD_BYTES, threshold_count: int = DEFAULT_THRESHOLD_COUNT,  # noqa: N802
+                     on_combine: Any = None) -> tvm.transform.Pass:
+    """Send transfers with the same pairs and independent payloads as one (fresh channel ids)."""
+    return _make("SendRecvCombiner", threshold_bytes, threshold_count, on_combine)
+
+
+def CombineCollectives(threshold_bytes: int = DEFAULT_THRESHOLD_BYTES, threshold_count: int = DEFAULT_THRESHOLD_COUNT,  # noqa: N802
+                       on_combine: Any = None, combine_by_dim: bool = True) -> tvm.transform.Pass:
+    """All four combiners in one pass."""
+    return _make("CombineCollectives", threshold_bytes, threshold_count, on_combine, combine_by_dim)
+
+
+__all__ = ["AllReduceCombiner", "AllGatherCombiner", "ReduceScatterCombiner", "SendRecvCombiner", "CombineCollectives"]
