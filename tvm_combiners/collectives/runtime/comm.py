@@ -158,6 +158,11 @@ def route(pairs: str, op: str) -> Route:
     return found
 
 
+_tag_ub: list[int] = []
+
+
 def tag(channel_id: int) -> int:
     """MPI tag for a channel: sends and recvs of one channel match, channels never cross below TAG_UB."""
-    return int(channel_id) % (mpi().TAG_UB + 1)
+    if not _tag_ub:
+        _tag_ub.append(mpi().TAG_UB + 1)
+    return int(channel_id) % _tag_ub[0]

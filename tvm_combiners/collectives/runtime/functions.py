@@ -19,7 +19,7 @@ import numpy as np
 
 from . import comm as _comm
 from . import tensors
-from .comm import Group, group, mpi, route
+from .comm import Group, _routes, group, mpi, route
 
 REDUCTIONS = ("sum", "prod", "min", "max", "avg")
 # dtypes MPI reduces natively; others (bool, bfloat16, ...) are reduced in float32/int64 copies.
@@ -122,14 +122,14 @@ def scatter_np(name: str, grp: Group, x: np.ndarray, out: np.ndarray) -> None:
 # A send copies its payload and posts an Isend: it never waits for the receiver, so no order of sends
 # and recvs in the program can deadlock on a send.  Finished sends are dropped on every later call;
 # whatever is left is completed at exit (bounded, so a recv that never comes fails the job loudly).
-_pending: list[tuple[Any, np.ndarray, str]] = []
+_pending: list[tuple[Any, np.ndarray, int, int]] = []  # (request, payload, channel, target)
 _drain_registered = False
+_status: list[Any] = []  # one reused MPI.Status (the runtime is single-threaded)
 DRAIN_TIMEOUT_ENV = "TVM_COMBINERS_SEND_DRAIN_TIMEOUT"
 
 
 def _reap() -> None:
-    if _pending:
-        _pending[:] = [p for p in _pending if not p[0].Test()]
+    _pending[:] = [p for p in _pending if not p[0].Test()]
 
 
 def drain_sends(timeout: float | None = None) -> None:
@@ -142,7 +142,7 @@ def drain_sends(timeout: float | None = None) -> None:
         if not _pending:
             return
         if time.monotonic() > deadline:
-            stuck = "; ".join(p[2] for p in _pending)
+            stuck = "; ".join(f"channel {p[2]} to rank {p[3]}" for p in _pending)
             print(f"tvm_combiners: rank {_comm.rank()}: sends never received after {timeout:g} s: {stuck}",
                   file=sys.stderr, flush=True)
             mpi().COMM_WORLD.Abort(1)
@@ -152,13 +152,14 @@ def drain_sends(timeout: float | None = None) -> None:
 def send_np(name: str, pairs: str, channel_id: int, payload: np.ndarray) -> None:
     """Post a non-blocking send of ``payload`` (already a private copy) if this rank is a source."""
     global _drain_registered
-    peer = route(pairs, name)
-    _reap()
+    peer = _routes.get(pairs) or route(pairs, name)
+    if _pending:
+        _reap()
     if peer.target is None:
         return
     MPI = mpi()
     request = MPI.COMM_WORLD.Isend([payload, MPI.BYTE], peer.target, _comm.tag(channel_id))
-    _pending.append((request, payload, f"channel {channel_id} to rank {peer.target}"))
+    _pending.append((request, payload, channel_id, peer.target))
     if not _drain_registered:
         atexit.register(drain_sends)
         _drain_registered = True
@@ -166,28 +167,32 @@ def send_np(name: str, pairs: str, channel_id: int, payload: np.ndarray) -> None
 
 def recv_np(name: str, pairs: str, channel_id: int, out: np.ndarray) -> None:
     """Block until this rank's payload arrived in ``out``; zeros if this rank is no target."""
-    peer = route(pairs, name)
-    if peer.source is None:
+    peer = _routes.get(pairs) or route(pairs, name)
+    if peer.source is not None:
+        MPI = mpi()
+        if not _status:
+            _status.append(MPI.Status())
+        status = _status[0]
+        try:
+            MPI.COMM_WORLD.Recv([out, MPI.BYTE], peer.source, _comm.tag(channel_id), status)
+        except MPI.Exception as err:
+            raise ValueError(f"{name}: channel {channel_id} from rank {peer.source}: {err.Get_error_string()} "
+                             f"(the send's payload is larger than the {out.nbytes}-byte recv buffer)") from None
+        got = status.Get_count(MPI.BYTE)
+        if got != out.nbytes:
+            raise ValueError(f"{name}: channel {channel_id} from rank {peer.source} brought {got} bytes, "
+                             f"expected {out.nbytes}: the send's shape or dtype differs from the recv's")
+    else:
         out[...] = 0
+    if _pending:
         _reap()
-        return
-    MPI = mpi()
-    status = MPI.Status()
-    try:
-        MPI.COMM_WORLD.Recv([out, MPI.BYTE], peer.source, _comm.tag(channel_id), status)
-    except MPI.Exception as err:
-        raise ValueError(f"{name}: channel {channel_id} from rank {peer.source}: {err.Get_error_string()} "
-                         f"(the send's payload is larger than the {out.nbytes}-byte recv buffer)") from None
-    got = status.Get_count(MPI.BYTE)
-    if got != out.nbytes:
-        raise ValueError(f"{name}: channel {channel_id} from rank {peer.source} brought {got} bytes, expected "
-                         f"{out.nbytes}: the send's shape or dtype differs from the recv's")
-    _reap()
 
 
 # --- the registered functions ---------------------------------------------------------------------
 _view = tensors.host_view
 _groups = _comm._groups
+
+
 def _gpu() -> Any:
     from . import nccl
 
@@ -238,7 +243,7 @@ def _write_token(token_out: Any) -> None:
 def send(x: Any, pairs: str, channel_id: int, is_host_transfer: int, token_out: Any) -> None:
     """Non-blocking send; cuda payloads are staged through host memory (NCCL's send would block the stream)."""
     name = "tvm_combiners.send"
-    if route(pairs, name).target is not None:
+    if (_routes.get(pairs) or route(pairs, name)).target is not None:
         payload = np.array(_view(x)) if tensors.is_host(x) else x.numpy()
     else:
         payload = np.empty(0, np.uint8)
