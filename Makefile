@@ -6,7 +6,7 @@ PYTHON310 ?= $(shell python3.10 -c 'import sys; print(sys.executable)' 2>/dev/nu
 VENV := .venv
 VENV_RELAY := .venv-relay
 
-.PHONY: demo test test-main test-relay bench lint clean
+.PHONY: demo test test-main test-relay bench lint clean fuzz
 
 $(VENV)/.installed: requirements/main.txt requirements/constraints-main.txt setup.py
 	test -x $(VENV)/bin/python || $(PYTHON311) -m venv $(VENV)
@@ -41,6 +41,13 @@ test-relay: $(VENV_RELAY)/.installed
 
 bench: $(VENV)/.installed $(VENV_RELAY)/.installed
 	$(VENV)/bin/python benchmarks/bench_combiners.py
+
+# Differential fuzzing (not in CI's budget): FUZZ_EXAMPLES modules per pass family and IR, each of 1-8 graphs.
+fuzz: $(VENV)/.installed $(VENV_RELAY)/.installed
+	@status=0; \
+	FUZZ_EXAMPLES=$(or $(FUZZ_EXAMPLES),250) $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/fuzz || status=1; \
+	FUZZ_EXAMPLES=$(or $(FUZZ_EXAMPLES),250) $(VENV_RELAY)/bin/python -m pytest -q -p no:cacheprovider tests/relay/fuzz || status=1; \
+	exit $$status
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

@@ -56,7 +56,7 @@ class _GraphBuilder:
     # shapes -------------------------------------------------------------------------------
     def data_shape(self, family: str, width: int) -> tuple:
         if family == "matmul":
-            return (self.m, width)
+            return (self.spec.batch, self.m, width) if self.spec.rank3 else (self.m, width)
         if family == "batch_matmul":
             return (self.spec.batch, self.m, width)
         return (1, width, IMAGE, IMAGE) if self.spec.layout == "NCHW" else (1, IMAGE, IMAGE, width)
@@ -163,8 +163,10 @@ class _GraphBuilder:
                 y = bb.emit(R.matmul(data, w))
             if br.out_root:
                 outs.append(y)
-            for f in br.followers:
+            for j, f in enumerate(br.followers):
                 y = self.follower(f, y, family, i)
+                if br.tap and j == 0:
+                    outs.append(y)
             finals.append(y)
             outs.append(y)
         return outs

@@ -62,6 +62,7 @@ class Branch:
     followers: tuple[Follower, ...]
     dep: int | None  # an earlier branch whose output perturbs this branch's weight (a dependency)
     out_root: bool  # the root itself is also an output
+    tap: bool = False  # the first follower's result is also an output (a use outside the chain)
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class GraphSpec:
     layout: str  # conv2d: NCHW | NHWC
     stride: int
     batch: int  # batch of batch_matmul sources (1 lets to_batch stack them)
+    rank3: bool  # matmul sources are [batch, rows, K] (a 2-D weight over 3-D activations)
     sources: tuple[Source, ...]
     branches: tuple[Branch, ...]
 
@@ -187,6 +189,7 @@ def graph_specs(draw, ir: str, families: tuple[str, ...], dtypes: tuple[str, ...
             followers=common if draw(st.integers(0, 3)) else draw(chain),  # branches mostly agree
             dep=draw(st.integers(0, i - 1)) if i and draw(st.integers(0, 7)) == 0 else None,
             out_root=draw(st.integers(0, 7)) == 0,
+            tap=draw(st.integers(0, 7)) == 0,
         ))
     return GraphSpec(
         dtype=dtype,
@@ -194,6 +197,7 @@ def graph_specs(draw, ir: str, families: tuple[str, ...], dtypes: tuple[str, ...
         layout=draw(st.sampled_from(["NCHW", "NHWC"])),
         stride=draw(st.sampled_from([1, 1, 2])),
         batch=draw(st.sampled_from([1, 2])),
+        rank3=draw(st.integers(0, 3)) == 0,
         sources=tuple(sources),
         branches=tuple(branches),
     )

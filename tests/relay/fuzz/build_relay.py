@@ -58,7 +58,7 @@ class _GraphBuilder:
 
     def data_shape(self, family: str, width: int) -> tuple:
         if family == "matmul":
-            return (self.m, width)
+            return (self.spec.batch, self.m, width) if self.spec.rank3 else (self.m, width)
         if family == "batch_matmul":
             return (self.spec.batch, self.m, width)
         return (1, width, IMAGE, IMAGE) if self.spec.layout == "NCHW" else (1, IMAGE, IMAGE, width)
@@ -179,8 +179,10 @@ class _GraphBuilder:
             if br.out_root:
                 outs.append(y)
             out, dtype = self.out_shape(family, br.width), spec.dtype
-            for f in br.followers:
+            for j, f in enumerate(br.followers):
                 y, dtype = self.follower(f, y, dtype, family, out, i)
+                if br.tap and j == 0:
+                    outs.append(y)
             finals.append((y, dtype))
             outs.append(y)
         return outs
