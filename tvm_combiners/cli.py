@@ -119,7 +119,7 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
     """The parser, with the arguments of ``command`` only (loading no other subcommand)."""
     parser = argparse.ArgumentParser(prog=PROG, description="Combine parallel ops of ONNX models in TVM (run); "
                                      "run multi-rank jobs (launch).")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="subcommand", metavar="{" + ",".join(COMMANDS) + "}", required=True)
     for name, cmd in COMMANDS.items():
         p = sub.add_parser(name, help=cmd.help, description=cmd.help)
         if name == command:
