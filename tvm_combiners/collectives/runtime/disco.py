@@ -23,8 +23,16 @@ def _gpu() -> Any:
     return nccl
 
 
-def allreduce(x: Any, kind: Any, in_group: bool, out: Any) -> None:
+def _out(name: str, rest: tuple[Any, ...]) -> Any:
+    """The output from ``(in_group, out)`` (TVM 0.27) or ``(out,)`` (TVM 0.16)."""
+    if len(rest) not in (1, 2):
+        raise TypeError(f"{name}: expected (..., [in_group,] out), got {len(rest)} trailing arguments")
+    return rest[-1]
+
+
+def allreduce(x: Any, kind: Any, *rest: Any) -> None:
     name = "runtime.disco.allreduce"
+    out = _out(name, rest)
     code = int(kind[0])
     if not 0 <= code < len(KINDS):
         raise ValueError(f"{name}: unknown reduction code {code}: expected 0-4 ({', '.join(KINDS)})")
@@ -35,8 +43,9 @@ def allreduce(x: Any, kind: Any, in_group: bool, out: Any) -> None:
         _gpu().allreduce(name, "", grp, x, KINDS[code], out)
 
 
-def allgather(x: Any, in_group: bool, out: Any) -> None:
+def allgather(x: Any, *rest: Any) -> None:
     name = "runtime.disco.allgather"
+    out = _out(name, rest)
     grp = group("", name)
     if tensors.is_host(x):
         functions.allgather_np(name, grp, tensors.host_view(x), 0, tensors.host_view(out))
@@ -44,8 +53,9 @@ def allgather(x: Any, in_group: bool, out: Any) -> None:
         _gpu().allgather(name, "", grp, x, 0, out)
 
 
-def broadcast_from_worker0(x: Any, in_group: bool, out: Any) -> None:
+def broadcast_from_worker0(x: Any, *rest: Any) -> None:
     name = "runtime.disco.broadcast_from_worker0"
+    out = _out(name, rest)
     grp = group("", name)
     if tensors.is_host(x):
         functions.broadcast_np(name, grp, tensors.host_view(x), tensors.host_view(out))
@@ -53,8 +63,9 @@ def broadcast_from_worker0(x: Any, in_group: bool, out: Any) -> None:
         _gpu().broadcast(name, "", grp, x, out)
 
 
-def scatter_from_worker0(x: Any, in_group: bool, out: Any) -> None:
+def scatter_from_worker0(x: Any, *rest: Any) -> None:
     name = "runtime.disco.scatter_from_worker0"
+    out = _out(name, rest)
     grp = group("", name)
     if tensors.is_host(x):
         functions.scatter_np(name, grp, tensors.host_view(x), tensors.host_view(out))
