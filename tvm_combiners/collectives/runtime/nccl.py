@@ -21,9 +21,9 @@ from . import tensors
 from .comm import Group
 from .functions import allgather_np, allreduce_np, broadcast_np, reduce_scatter_np
 
-# dtypes NCCL reduces and moves; anything else is staged through host memory.
-NCCL_DTYPES = frozenset({"int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64",
-                         "bfloat16"})
+# dtypes NCCL reduces and moves that a CUDA Array Interface can name; anything else (bfloat16, int16,
+# bool, ...) is staged through host memory.
+NCCL_DTYPES = frozenset({"int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64"})
 
 
 def gpu_identity(device_id: int, host: str | None = None, visible: str | None = None) -> tuple[str, str]:
@@ -68,7 +68,7 @@ class _Array:
     def __init__(self, t: Any, shape: tuple[int, ...] | None = None) -> None:
         self.__cuda_array_interface__ = {
             "shape": tuple(t.shape) if shape is None else shape,
-            "typestr": tensors.np_dtype(t).str if str(t.dtype) != "bfloat16" else "<V2",
+            "typestr": tensors.np_dtype(t).str,
             "data": (tensors.data_ptr(t), False),
             "strides": None,
             "version": 3,
