@@ -136,7 +136,7 @@ def test_every_function_on_n_ranks(n: int, tmp_path: Path) -> None:
                      "staged_allgather", "ccl"}
     ops = {k.split("|")[3] for k in keys if k.startswith("allreduce")}
     assert ops == set(prog.REDUCTIONS)
-    assert {k.split("|")[1] for k in keys if k.startswith("p2p")} == {"swap", "ring", "back", "partial"}
+    assert {k.split("|")[1] for k in keys if k.startswith("p2p")} == {"swap", "ring", "back", "partial", "drain"}
 
 
 def test_failing_rank_ends_the_job_and_is_named(tmp_path: Path) -> None:

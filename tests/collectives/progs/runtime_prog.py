@@ -210,6 +210,15 @@ def main() -> None:
     for op, value in zip([*REDUCTIONS, "allgather", "broadcast"], res):
         got[f"ccl|{op}|{salt}"] = value.numpy()
 
+    # a send still in flight when its rank finishes: completed at exit, not lost
+    salt += 1
+    fn["send"](tensor(data(me, BIG, "float32", salt)), "0,1", 40, 0, empty((), "int32"))
+    if me == 1:
+        time.sleep(0.5)  # rank 0 is past its last call by now
+    out = empty(BIG, "float32")
+    fn["recv"]("0,1", 40, 0, out)
+    got[f"p2p|drain|0,1|{salt}"] = out.numpy()
+
     np.savez(out_dir / f"rank{me}.npz", **got)
     (out_dir / f"rank{me}.json").write_text(json.dumps(errors))
 
