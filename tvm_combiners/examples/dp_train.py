@@ -1,0 +1,462 @@
+"""Data-parallel training step: a BERT-like encoder, TVM's own backward, one allreduce per gradient.
+
+    tvm-combiners launch -n 4 -- python -m tvm_combiners.examples.dp_train [--json]
+
+Every rank builds the same Relax module: ``main`` (forward and loss of a small encoder),
+``main_adjoint`` (added by ``relax.transform.Gradient``), ``optimizer`` (from
+``tvm.relax.training.optimizer``) and ``step``, an impure function that calls the adjoint,
+averages every gradient with its own ``allreduce(avg)`` (what naive data parallelism emits) and
+applies the optimizer. Each rank trains on its own shard of the batch. ``AllReduceCombiner`` then
+buckets the allreduces; ``CombineParallelOps`` merges the Q/K/V projections. Rank 0 gathers every
+rank's gradients and parameters and checks them against one process stepping on the full batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+EPS = 1e-5
+
+
+@dataclass(frozen=True)
+class Config:
+    """Model and run sizes (the test uses the defaults; hidden >= 128 as the issue asks)."""
+
+    layers: int = 2
+    hidden: int = 128
+    heads: int = 4
+    ffn: int = 256
+    seq: int = 16
+    classes: int = 4
+    batch_per_rank: int = 2
+    steps: int = 3
+    lr: float = 0.05
+    optimizer: str = "sgd"
+    seed: int = 0
+    repeat: int = 5  # timed steps per program (median reported)
+    opt_level: int = 3  # LLVM's: 0 compiles ~8x faster (tests), 3 runs faster
+
+
+def param_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
+    """Parameter names and shapes, in the order ``main`` takes them."""
+    h, f = cfg.hidden, cfg.ffn
+    shapes: dict[str, tuple[int, ...]] = {}
+    for i in range(cfg.layers):
+        p = f"l{i}_"
+        for name in ("q", "k", "v", "o"):
+            shapes[p + "w" + name] = (h, h)
+            shapes[p + "b" + name] = (h,)
+        shapes[p + "ln1_g"], shapes[p + "ln1_b"] = (h,), (h,)
+        shapes[p + "w1"], shapes[p + "b1"] = (h, f), (f,)
+        shapes[p + "w2"], shapes[p + "b2"] = (f, h), (h,)
+        shapes[p + "ln2_g"], shapes[p + "ln2_b"] = (h,), (h,)
+    shapes["cls_w"], shapes["cls_b"] = (h, cfg.classes), (cfg.classes,)
+    return shapes
+
+
+def init_params(cfg: Config) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(cfg.seed)
+    out = {}
+    for name, shape in param_shapes(cfg).items():
+        if name.endswith("_g"):
+            out[name] = np.ones(shape, "float32")
+        elif len(shape) == 1:
+            out[name] = (0.02 * rng.standard_normal(shape)).astype("float32")
+        else:
+            out[name] = (rng.standard_normal(shape) / np.sqrt(shape[0])).astype("float32")
+    return out
+
+
+def full_batch(cfg: Config, world: int, step: int) -> tuple[np.ndarray, np.ndarray]:
+    """The whole batch of one step (features, one-hot labels); rank r trains on rows r*b:(r+1)*b."""
+    rng = np.random.default_rng(1000 + 7 * step + cfg.seed)
+    n = cfg.batch_per_rank * world
+    x = rng.standard_normal((n, cfg.seq, cfg.hidden)).astype("float32")
+    labels = np.eye(cfg.classes, dtype="float32")[rng.integers(0, cfg.classes, n)]
+    return x, labels
+
+
+def shard(arr: np.ndarray, cfg: Config, rank: int) -> np.ndarray:
+    b = cfg.batch_per_rank
+    return np.ascontiguousarray(arr[rank * b:(rank + 1) * b])
+
+
+# --------------------------------------------------------------------------- the module
+
+
+def _forward(bb: Any, cfg: Config, x: Any, labels: Any, p: dict[str, Any]) -> Any:
+    """Emit the encoder and its loss into ``bb``'s current dataflow block; returns the loss."""
+    from tvm import relax
+    from tvm.relax import op as R
+
+    batch = x.ty.shape.values[0]
+    h, nh = cfg.hidden, cfg.heads
+    dh = h // nh
+    e = bb.emit
+
+    def linear(v: Any, w: str, b: str) -> Any:
+        return e(R.add(e(R.matmul(v, p[w])), p[b]))
+
+    def layer_norm(v: Any, g: str, b: str) -> Any:  # written out: nn.layer_norm has no gradient in TVM
+        mu = e(R.mean(v, axis=[-1], keepdims=True))
+        c = e(R.subtract(v, mu))
+        var = e(R.mean(e(R.multiply(c, c)), axis=[-1], keepdims=True))
+        norm = e(R.divide(c, e(R.sqrt(e(R.add(var, relax.const(EPS, "float32")))))))
+        return e(R.add(e(R.multiply(norm, p[g])), p[b]))
+
+    def heads(v: Any, axes: list[int]) -> Any:
+        return e(R.permute_dims(e(R.reshape(v, (batch, cfg.seq, nh, dh))), axes))
+
+    for i in range(cfg.layers):
+        pre = f"l{i}_"
+        q = heads(linear(x, pre + "wq", pre + "bq"), [0, 2, 1, 3])
+        k = heads(linear(x, pre + "wk", pre + "bk"), [0, 2, 3, 1])
+        v = heads(linear(x, pre + "wv", pre + "bv"), [0, 2, 1, 3])
+        scores = e(R.multiply(e(R.matmul(q, k)), relax.const(1.0 / np.sqrt(dh), "float32")))
+        ctx = e(R.matmul(e(R.nn.softmax(scores, axis=-1)), v))
+        ctx = e(R.reshape(e(R.permute_dims(ctx, [0, 2, 1, 3])), (batch, cfg.seq, h)))
+        x = layer_norm(e(R.add(x, linear(ctx, pre + "wo", pre + "bo"))), pre + "ln1_g", pre + "ln1_b")
+        ffn = linear(e(R.nn.relu(linear(x, pre + "w1", pre + "b1"))), pre + "w2", pre + "b2")
+        x = layer_norm(e(R.add(x, ffn)), pre + "ln2_g", pre + "ln2_b")
+    pooled = e(R.mean(x, axis=[1]))
+    logits = linear(pooled, "cls_w", "cls_b")
+    return e(R.nn.cross_entropy_with_logits(e(R.nn.log_softmax(logits)), labels))
+
+
+def _step(bb: Any, name: str, adjoint: Any, optimizer: Any, x_ty: Any, y_ty: Any, params: list[tuple[str, Any]],
+          state_ty: Any, allreduce: bool) -> None:
+    """``name(x, labels, *params, state) -> (loss, grads, new_params, new_state)``.
+
+    With ``allreduce`` every gradient is averaged over all ranks by its own collective (outside any
+    dataflow block, in an impure function) before the optimizer sees it.
+    """
+    from tvm import relax
+
+    from ..collectives import relax as C
+
+    x, y = relax.Var("x", x_ty), relax.Var("labels", y_ty)
+    ps = [relax.Var(name, ty) for name, ty in params]
+    state = relax.Var("optim_states", state_ty)
+    with bb.function(name, [x, y, *ps, state], pure=not allreduce):
+        out = bb.emit(relax.Call(adjoint, [x, y, *ps]))
+        loss = bb.emit(relax.TupleGetItem(out, 0))
+        grads_in = bb.emit(relax.TupleGetItem(out, 1))
+        grads = []
+        for i in range(len(ps)):
+            g = bb.emit(relax.TupleGetItem(grads_in, i))
+            grads.append(bb.emit(C.allreduce(g, "avg")) if allreduce else g)
+        grads_t = bb.emit(relax.Tuple(grads))
+        updated = bb.emit(relax.Call(optimizer, [bb.emit(relax.Tuple(ps)), grads_t, state]))
+        bb.emit_func_output(relax.Tuple([loss, grads_t, bb.emit(relax.TupleGetItem(updated, 0)),
+                                         bb.emit(relax.TupleGetItem(updated, 1))]))
+
+
+def build_module(cfg: Config, batch: int, reference_batch: int | None = None) -> tuple[Any, Any]:
+    """``main_adjoint``, ``optimizer`` and ``step`` (one allreduce(avg) per gradient) for ``batch`` rows.
+
+    With ``reference_batch`` the module also has ``step_local``: the same step on one process over
+    that many rows, without collectives (the full-batch reference). Backward is TVM's
+    ``relax.transform.Gradient``; the optimizer is ``tvm.relax.training.optimizer``'s. Returns the
+    module and the initialized optimizer (its ``state`` is the first step's state).
+    """
+    import tvm
+    from tvm import relax
+    from tvm.relax.training import optimizer as opt
+
+    f32 = "float32"
+    ptypes = [(name, relax.TensorType(s, f32)) for name, s in param_shapes(cfg).items()]
+    sizes = {"main": batch} if reference_batch is None else {"main": batch, "main_full": reference_batch}
+    bb = relax.BlockBuilder()
+    types = {}
+    for name, rows in sizes.items():
+        types[name] = (relax.TensorType((rows, cfg.seq, cfg.hidden), f32), relax.TensorType((rows, cfg.classes), f32))
+        x, y = relax.Var("x", types[name][0]), relax.Var("labels", types[name][1])
+        params = {k: relax.Var(k, ty) for k, ty in ptypes}
+        with bb.function(name, [x, y, *params.values()]):
+            with bb.dataflow():
+                loss = bb.emit_output(_forward(bb, cfg, x, y, params))
+            bb.emit_func_output(loss)
+    mod = bb.get()
+    for name in sizes:
+        mod = relax.transform.Gradient(name, require_grads=list(mod[name].params[2:]))(mod)
+
+    optimizer = (opt.Adam(cfg.lr) if cfg.optimizer == "adam" else opt.SGD(cfg.lr)).init(list(mod["main"].params[2:]))
+    opt_func = optimizer.get_function()
+    bb = relax.BlockBuilder(mod)
+    opt_gv = bb.add_func(opt_func, "optimizer")
+    state_ty = opt_func.params[2].ty
+    _step(bb, "step", mod.get_global_var("main_adjoint"), opt_gv, *types["main"], ptypes, state_ty, True)
+    if reference_batch is not None:
+        _step(bb, "step_local", mod.get_global_var("main_full_adjoint"), opt_gv, *types["main_full"], ptypes,
+              state_ty, False)
+    mod = bb.get()
+    return tvm.IRModule({gv: f for gv, f in mod.functions_items() if gv.name_hint not in sizes}), optimizer
+
+
+def count_allreduces(mod: Any) -> list[int]:
+    """Payload bytes of every allreduce in ``mod``, in program order."""
+    from tvm import relax
+
+    from ..collectives import relax as C
+
+    sizes: list[int] = []
+
+    def visit(e: Any) -> None:
+        if C.is_collective(e, ("allreduce",)):
+            ty = e.args[0].ty
+            sizes.append(int(np.prod([int(d) for d in ty.shape.values])) * np.dtype(str(ty.dtype)).itemsize)
+
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return sizes
+
+
+# --------------------------------------------------------------------------- variants and the run
+
+TAG = "dp-train"
+TOL = 1e-5
+
+
+def allreduce_combiner() -> Callable[..., Any] | None:
+    """``AllReduceCombiner`` where the package exports it; None while it does not exist yet."""
+    import importlib
+
+    for module in ("tvm_combiners.collectives.relax", "tvm_combiners.collectives.combiners.relax_passes"):
+        try:
+            found = getattr(importlib.import_module(module), "AllReduceCombiner", None)
+        except ImportError:
+            found = None
+        if found is not None:
+            return found
+    return None
+
+
+@dataclass
+class Variant:
+    """One way of compiling the step: its module after our passes, and what the passes did."""
+
+    name: str
+    mod: Any
+    allreduce_bytes: list[int]
+    notes: list[str]
+
+
+def make_variants(cfg: Config, world: int, threshold_bytes: int | None) -> tuple[list[Variant], Any]:
+    """naive (one allreduce per gradient, plus the full-batch reference ``step_local``), bucketed
+    (``AllReduceCombiner``) and bucketed + parallel ops (``CombineParallelOps`` first)."""
+    from ..relax import CombineParallelOps
+
+    b = cfg.batch_per_rank
+    naive, optimizer = build_module(cfg, b, reference_batch=b * world)
+    variants = [Variant("naive", naive, count_allreduces(naive), [])]
+    combiner = allreduce_combiner()
+    if combiner is None:
+        return variants, optimizer
+    base, _ = build_module(cfg, b)
+    for name, parallel in (("bucketed", False), ("bucketed+parallel-ops", True)):
+        notes: list[str] = []
+        mod = base
+        if parallel:
+            mod = CombineParallelOps(on_combine=lambda c, notes=notes: notes.append("parallel ops: " + c.describe()))(mod)
+        kwargs: dict[str, Any] = {"on_combine": lambda c, notes=notes: notes.append("buckets: " + c.describe())}
+        if threshold_bytes is not None:
+            kwargs["threshold_bytes"] = threshold_bytes
+        mod = combiner(**kwargs)(mod)
+        variants.append(Variant(name, mod, count_allreduces(mod), notes))
+    return variants, optimizer
+
+
+def _flat(arrays: Any) -> np.ndarray:
+    return np.concatenate([np.asarray(a.numpy()).ravel() for a in arrays])
+
+
+def run_steps(vm: Any, func: str, cfg: Config, world: int, rank: int | None, params: dict[str, np.ndarray],
+              state: Any, repeat: int) -> dict[str, Any]:
+    """``cfg.steps`` steps of ``func``; rank None = the full batch. Flat grads/params after every step.
+
+    Then ``repeat`` more calls of the first step (results dropped), each after a barrier, timed.
+    """
+    import tvm
+
+    from .report import comm
+
+    cur = [tvm.runtime.tensor(v) for v in params.values()]
+    out: dict[str, Any] = {"loss": [], "grads": [], "params": [], "time": []}
+    for step in range(cfg.steps):
+        x, y = full_batch(cfg, world, step)
+        if rank is not None:
+            x, y = shard(x, cfg, rank), shard(y, cfg, rank)
+        args = [tvm.runtime.tensor(x), tvm.runtime.tensor(y)]
+        if step == 0:
+            first = (args, cur, state)
+        loss, grads, new_params, state = vm[func](*args, *cur, state)
+        cur = list(new_params)
+        out["loss"].append(float(loss.numpy()))
+        out["grads"].append(_flat(grads))
+        out["params"].append(_flat(cur))
+    for _ in range(repeat):
+        comm().Barrier()  # short: every rank is here within milliseconds
+        start = time.perf_counter()
+        vm[func](*first[0], *first[1], first[2])
+        out["time"].append(time.perf_counter() - start)
+    return out
+
+
+def run(cfg: Config, threshold_bytes: int | None = None) -> dict[str, Any]:
+    """The whole job (every rank calls it); rank 0 returns the report, the others an empty dict."""
+    import tvm
+    from tvm import relax
+
+    from ..collectives import relax as C
+    from ..collectives.runtime import rank as get_rank
+    from ..collectives.runtime import world_size
+    from .report import comm, compile_shared, max_abs, progress, rel_diff
+
+    rank, world = get_rank(), world_size()
+    # differences are relative to the scale of the whole gradient (or parameter) set: a tensor whose
+    # gradient is zero in exact arithmetic (the key bias: softmax ignores a per-query shift) has
+    # only rounding noise, which no per-tensor ratio can bound
+    progress(TAG, f"{world} ranks; building the step ({cfg.layers} layers, hidden {cfg.hidden}, "
+                  f"{cfg.batch_per_rank} rows per rank)")
+    variants, optimizer = make_variants(cfg, world, threshold_bytes)
+    target = tvm.target.Target({"kind": "llvm", "opt-level": cfg.opt_level})
+    builders = {v.name: (lambda v=v: tvm.compile(v.mod, target=target, relax_pipeline=C.pipeline(target))) for v in variants}
+    libs, compile_s = compile_shared(builders, TAG)
+    params = init_params(cfg)
+    sizes = [int(np.prod(s)) for s in param_shapes(cfg).values()]
+    results = {}
+    for v in variants:
+        progress(TAG, f"running {cfg.steps} steps of {v.name}")
+        vm = relax.VirtualMachine(libs[v.name], tvm.cpu())
+        results[v.name] = run_steps(vm, "step", cfg, world, rank, params, optimizer.state, cfg.repeat)
+    reference = None
+    if rank == 0:
+        progress(TAG, "rank 0: the single-process step on the full batch (reference)")
+        vm = relax.VirtualMachine(libs["naive"], tvm.cpu())
+        reference = run_steps(vm, "step_local", cfg, world, None, params, optimizer.state, 0)
+    gathered = comm().gather(results, root=0)
+    if rank != 0:
+        return {}
+    assert reference is not None and gathered is not None
+
+    failures: list[str] = []
+    report: dict[str, Any] = {
+        "example": TAG,
+        "ranks": world,
+        "config": asdict(cfg),
+        "parameters": {"count": len(sizes), "elements": sum(sizes), "bytes": 4 * sum(sizes)},
+        "placement": [{"rank": r, "rows": [r * cfg.batch_per_rank, (r + 1) * cfg.batch_per_rank],
+                       "compiled": [v.name for i, v in enumerate(variants) if i % world == r]} for r in range(world)],
+        "combiner": "AllReduceCombiner" if len(variants) > 1 else "not combined yet (AllReduceCombiner not exported)",
+        "variants": {},
+        "reference_loss": reference["loss"],
+    }
+    naive = gathered[0]["naive"]
+    for v in variants:
+        per_rank = [g[v.name] for g in gathered]
+        grads_vs_ref = max(rel_diff(res["grads"][s], reference["grads"][s])
+                           for res in per_rank for s in range(cfg.steps))
+        params_vs_ref = max(rel_diff(res["params"][s], reference["params"][s])
+                            for res in per_rank for s in range(cfg.steps))
+        across = max(max(max_abs(res["grads"][s], per_rank[0]["grads"][s]), max_abs(res["params"][s], per_rank[0]["params"][s]))
+                     for res in per_rank for s in range(cfg.steps))
+        vs_naive = max(max(rel_diff(res["grads"][s], naive["grads"][s]), rel_diff(res["params"][s], naive["params"][s]))
+                       for res in per_rank for s in range(cfg.steps))
+        losses = [float(np.mean([res["loss"][s] for res in per_rank])) for s in range(cfg.steps)]
+        loss_vs_ref = max(abs(a - b) / abs(b) for a, b in zip(losses, reference["loss"]))
+        step_s = max(float(np.median(res["time"])) for res in per_rank)
+        report["variants"][v.name] = {
+            "allreduces": len(v.allreduce_bytes),
+            "bucket_bytes": v.allreduce_bytes if len(v.allreduce_bytes) <= 8 else [min(v.allreduce_bytes), max(v.allreduce_bytes)],
+            "allreduce_bytes_total": sum(v.allreduce_bytes),
+            "compile_s": compile_s.get(v.name),
+            "step_s": step_s,
+            "loss": losses,
+            "max_rel_diff_grads_vs_reference": grads_vs_ref,
+            "max_rel_diff_params_vs_reference": params_vs_ref,
+            "max_rel_diff_loss_vs_reference": loss_vs_ref,
+            "max_abs_diff_across_ranks": across,
+            "max_rel_diff_vs_naive": vs_naive,
+            "notes": v.notes,
+        }
+        for what, value in (("gradients vs the full-batch step", grads_vs_ref), ("parameters vs the full-batch step", params_vs_ref),
+                            ("loss vs the full-batch step", loss_vs_ref)):
+            if not value <= TOL:
+                failures.append(f"{v.name}: {what}: relative difference {value:.3g} > {TOL:g}")
+        if not across == 0.0:
+            failures.append(f"{v.name}: ranks disagree on gradients or parameters (max |diff| {across:.3g})")
+        if not vs_naive <= TOL:
+            failures.append(f"{v.name}: differs from the naive program: relative difference {vs_naive:.3g} > {TOL:g}")
+    report["failures"] = failures
+    report["ok"] = not failures
+    return report
+
+
+def render(report: dict[str, Any]) -> str:
+    cfg = report["config"]
+    lines = [f"dp-train: {report['ranks']} ranks, BERT-like encoder: {cfg['layers']} layers, hidden {cfg['hidden']}, "
+             f"{cfg['heads']} heads, seq {cfg['seq']}; {report['parameters']['count']} gradients "
+             f"({report['parameters']['bytes']} bytes); optimizer {cfg['optimizer']} lr {cfg['lr']}",
+             "placement: " + "; ".join(f"rank {p['rank']} rows {p['rows'][0]}:{p['rows'][1]}"
+                                       + (f", compiled {', '.join(p['compiled'])}" if p["compiled"] else "")
+                                       for p in report["placement"]),
+             f"combiner: {report['combiner']}", ""]
+    from .report import table
+
+    rows = []
+    for name, v in report["variants"].items():
+        rows.append([name, v["allreduces"], ",".join(str(b) for b in v["bucket_bytes"]),
+                     f"{v['compile_s']:.1f}" if v["compile_s"] is not None else "-", f"{1e3 * v['step_s']:.1f}",
+                     f"{v['max_rel_diff_grads_vs_reference']:.2e}", f"{v['max_rel_diff_params_vs_reference']:.2e}",
+                     f"{v['max_abs_diff_across_ranks']:.1e}", f"{v['max_rel_diff_vs_naive']:.1e}"])
+    lines.append(table(rows, ["program", "allreduces", "bytes per allreduce", "compile s", "step ms",
+                              "grads rel vs 1 proc", "params rel vs 1 proc", "across ranks", "rel vs naive"]))
+    lines.append("")
+    lines.append("loss per step: full batch, 1 process: " + ", ".join(f"{x:.6f}" for x in report["reference_loss"]))
+    for name, v in report["variants"].items():
+        lines.append(f"               {name} (mean of ranks): " + ", ".join(f"{x:.6f}" for x in v["loss"]))
+    for name, v in report["variants"].items():
+        for note in v["notes"]:
+            lines.append(f"{name}: {note}")
+    lines.append("OK: every equality holds" if report["ok"] else "FAILED: " + "; ".join(report["failures"]))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tvm_combiners.examples.dp_train", description=__doc__.splitlines()[0])
+    d = Config()
+    parser.add_argument("--layers", type=int, default=d.layers)
+    parser.add_argument("--hidden", type=int, default=d.hidden)
+    parser.add_argument("--heads", type=int, default=d.heads)
+    parser.add_argument("--seq", type=int, default=d.seq)
+    parser.add_argument("--batch-per-rank", type=int, default=d.batch_per_rank)
+    parser.add_argument("--steps", type=int, default=d.steps)
+    parser.add_argument("--lr", type=float, default=d.lr)
+    parser.add_argument("--optimizer", choices=("sgd", "adam"), default=d.optimizer)
+    parser.add_argument("--repeat", type=int, default=d.repeat, help="timed steps per program (median)")
+    parser.add_argument("--opt-level", type=int, choices=range(4), default=d.opt_level,
+                        help="LLVM optimization level (0 compiles much faster)")
+    parser.add_argument("--threshold-bytes", type=int, default=None,
+                        help="AllReduceCombiner's bucket size (default: the pass's, 30 MiB)")
+    parser.add_argument("--json", action="store_true", help="one JSON document on rank 0's stdout")
+    args = parser.parse_args(argv)
+    if args.hidden % args.heads:
+        parser.error(f"--hidden {args.hidden} must be divisible by --heads {args.heads}")
+    cfg = Config(layers=args.layers, hidden=args.hidden, heads=args.heads, ffn=2 * args.hidden, seq=args.seq,
+                 batch_per_rank=args.batch_per_rank, steps=args.steps, lr=args.lr, optimizer=args.optimizer,
+                 repeat=args.repeat, opt_level=args.opt_level)
+    from .report import finish
+
+    return finish(run(cfg, args.threshold_bytes), render, args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

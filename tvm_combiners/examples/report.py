@@ -1,0 +1,125 @@
+"""What both examples share: MPI helpers that do not burn cores, shared compilation, the report.
+
+MPICH busy-polls while a rank waits in a collective, so ranks that wait for another rank's
+compile (seconds) wait in a non-blocking barrier polled with sleeps instead. Compiling is spread
+over the ranks (variant i on rank i mod N), each compiled module is exported to a folder every rank
+sees, and every rank loads all of them: the job compiles each variant once, not once per rank.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+
+def comm() -> Any:
+    from ..collectives.runtime.comm import mpi
+
+    return mpi().COMM_WORLD
+
+
+def quiet_barrier(poll_s: float = 0.02) -> None:
+    """A barrier that sleeps while it waits (a blocking MPI barrier would spin a core)."""
+    req = comm().Ibarrier()
+    while not req.Test():
+        time.sleep(poll_s)
+
+
+def progress(tag: str, text: str) -> None:
+    """A progress line on stderr (rank 0 only: the launcher prefixes it with the rank)."""
+    if comm().Get_rank() == 0:
+        print(f"[{tag}] {text}", file=sys.stderr, flush=True)
+
+
+def compile_shared(builders: dict[str, Callable[[], Any]], tag: str) -> tuple[dict[str, Any], dict[str, float]]:
+    """Compile each named module once in the whole job and load all of them on every rank.
+
+    ``builders[name]()`` returns an executable (``tvm.compile``'s result); the variant with index i
+    is built on rank i mod N and exported as a shared library. Returns (name -> loaded module,
+    name -> compile seconds).
+    """
+    import tvm
+
+    c = comm()
+    rank, n = c.Get_rank(), c.Get_size()
+    folder = c.bcast(tempfile.mkdtemp(prefix="tvm-combiners-example-") if rank == 0 else None, root=0)
+    times: dict[str, float] = {}
+    error = None
+    try:
+        for i, (name, build) in enumerate(builders.items()):
+            if i % n == rank:
+                start = time.perf_counter()
+                build().export_library(os.path.join(folder, f"{name}.so"))
+                times[name] = time.perf_counter() - start
+                print(f"[{tag}] rank {rank} compiled {name} in {times[name]:.1f} s", file=sys.stderr, flush=True)
+    except Exception as err:  # noqa: BLE001 - reported after the barrier so nobody waits forever
+        error = err
+    quiet_barrier()
+    if error is not None:
+        raise error
+    all_times: dict[str, float] = {}
+    for part in c.allgather(times):
+        all_times.update(part)
+    loaded = {name: tvm.runtime.load_module(os.path.join(folder, f"{name}.so")) for name in builders}
+    quiet_barrier()
+    if rank == 0:
+        shutil.rmtree(folder, ignore_errors=True)
+    return loaded, all_times
+
+
+def max_abs(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.max(np.abs(a.astype("float64") - b.astype("float64")))) if a.size else 0.0
+
+
+def rel_diff(a: np.ndarray, b: np.ndarray) -> float:
+    """max |a - b| / max |b|: relative to the tensor's scale (elementwise ratios blow up near 0)."""
+    scale = float(np.max(np.abs(b))) if b.size else 0.0
+    diff = max_abs(a, b)
+    return diff / scale if scale > 0 else diff
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    if isinstance(value, np.generic):
+        return _finite(value.item())
+    return value
+
+
+def finish(report: dict[str, Any], render: Callable[[dict[str, Any]], str], as_json: bool) -> int:
+    """Rank 0 prints the job's report (one JSON document, or text); every rank returns the exit code.
+
+    ``report["ok"]`` decides the code (1 when an equality failed), agreed on by all ranks.
+    """
+    c = comm()
+    ok = bool(c.bcast(report.get("ok", False) if c.Get_rank() == 0 else None, root=0))
+    if c.Get_rank() == 0:
+        if as_json:
+            print(json.dumps(_finite(report), indent=2), flush=True)
+        else:
+            print(render(report), flush=True)
+        if not ok:
+            print(f"[{report.get('example', 'example')}] FAILED: " + "; ".join(report.get("failures", [])),
+                  file=sys.stderr, flush=True)
+    return 0 if ok else 1
+
+
+def table(rows: list[list[Any]], header: list[str]) -> str:
+    cells = [[str(h) for h in header]] + [[str(v) for v in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
