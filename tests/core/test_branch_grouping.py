@@ -109,11 +109,10 @@ def test_graph_rejects_forward_references():
         g.add(op="x", operands=(1,), deps=(1,), shape=None, dtype=None)
 
 
-def test_follower_operand_reading_another_branch_drops_that_branch_only():
+def test_follower_operand_reading_the_group_trims_the_followers():
     # All three roots agree and each is followed by an add; r0's add reads a value computed from
-    # r1's add. Combining the adds of all three would make the combined op read its own output,
-    # so the fast root-only choice falls back to planning one candidate at a time: r0 and r2
-    # combine with their adds, r1 stays alone.
+    # r1's add. Combining the adds would make the combined op read its own output, so the group
+    # keeps all three roots and stops before the adds (the recurrence of an unrolled RNN).
     b = G()
     x = b.leaf()
     r0, r1, r2 = (b.root(x, b.leaf(), 4) for _ in range(3))
@@ -123,11 +122,26 @@ def test_follower_operand_reading_another_branch_drops_that_branch_only():
                        value_key=("add",), follower=FollowerInfo(("add",))).index
 
     a1 = add(r1, b.leaf((4, 4)))
-    a0 = add(r0, b.other(a1, shape=(4, 4)))
-    a2 = add(r2, b.leaf((4, 4)))
+    add(r0, b.other(a1, shape=(4, 4)))
+    add(r2, b.leaf((4, 4)))
     (plan,) = plan_combinations(b.g, ["matmul"])
-    assert plan.roots == (r0, r2)
-    assert [s.nodes for s in plan.steps] == [(a0, a2)]
+    assert plan.roots == (r0, r1, r2) and plan.steps == ()
+
+
+def test_followers_kept_as_deep_as_they_stay_independent():
+    b = G()
+    x = b.leaf()
+    r0, r1 = b.root(x, b.leaf(), 4), b.root(x, b.leaf(), 4)
+    f0, f1 = b.unary(r0), b.unary(r1)
+
+    def add(r, side):
+        return b.g.add(op="add", operands=(r, side), deps=(r, side), shape=(4, 4), dtype="float32",
+                       value_key=("add",), follower=FollowerInfo(("add",))).index
+
+    a1 = add(f1, b.leaf((4, 4)))
+    add(f0, b.other(a1, shape=(4, 4)))
+    (plan,) = plan_combinations(b.g, ["matmul"])
+    assert [s.nodes for s in plan.steps] == [(f0, f1)]  # the unary step stays, the add does not
 
 
 def test_many_branches_and_layers_plan_like_one():

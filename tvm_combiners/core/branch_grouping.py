@@ -11,10 +11,11 @@ account, so a rewrite can never create a cycle.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .graph import Dim, Graph, Reachability, bitset, contracted_order
+from .graph import Dim, Graph, Node, Reachability, bitset, contracted_order
 from .kernel_alignment import KernelAlignment, align_kernels
 
 
@@ -77,16 +78,22 @@ class FollowerStep:
 
 @dataclass(frozen=True)
 class CombinePlan:
-    """One combined op: its branches (in program order), followers and split."""
+    """One combined op: its branches (in program order), followers and split.
+
+    ``shares`` says what the branches have in common: ``"input"`` (weights concatenate on
+    ``concat_axis``, the output splits on ``out_axis``) or ``"weight"`` (XLA's DotMerger case:
+    the inputs concatenate on their row axis ``concat_axis`` and the output splits by rows).
+    """
 
     family: str
     roots: tuple[int, ...]  # program order, but a branch of symbolic width comes last
     widths: tuple[Dim, ...]
     steps: tuple[FollowerStep, ...]
     out_axis: int
-    weight_axis: int
+    concat_axis: int
     alignment: KernelAlignment | None = None
     stack: str | None = None  # set when branches are stacked into a batched op (RootInfo.stack)
+    shares: str = "input"
 
     @property
     def ends(self) -> tuple[int, ...]:
@@ -106,6 +113,7 @@ def plan_combinations(
     families: Sequence[str],
     options: CombineOptions = CombineOptions(),
     veto: Veto | None = None,
+    shared_weight_families: Sequence[str] = (),
 ) -> list[CombinePlan]:
     """All combinations to apply to ``graph``, in deterministic program order.
 
@@ -113,19 +121,24 @@ def plan_combinations(
     whole set of groups acyclic in one linear pass. Only when two groups would form a cycle
     together does it plan again the exact (quadratic) way, contracting reachability after every
     group as XLA's combiners do, so a rewrite can never create a cycle.
+    ``shared_weight_families`` also groups roots of those families that read one weight with
+    different inputs; shared-input groups are planned first, so a root prefers them.
     """
-    fast = _Planner(graph, frozenset(families), options, veto, exact=False).run()
+    args = (graph, frozenset(families), frozenset(shared_weight_families), options, veto)
+    fast = _Planner(*args, exact=False).run()
     groups = [plan.members for plan in fast]
     if contracted_order(graph, groups, lambda i: not graph[i].deps, lambda g: min(fast[g].ends)) is not None:
         return fast
-    return _Planner(graph, frozenset(families), options, veto, exact=True).run()
+    return _Planner(*args, exact=True).run()
 
 
 class _Planner:
-    def __init__(self, graph: Graph, families: frozenset[str], options: CombineOptions, veto: Veto | None,
-                 exact: bool) -> None:
+    def __init__(self, graph: Graph, families: frozenset[str], weight_families: frozenset[str],
+                 options: CombineOptions, veto: Veto | None, exact: bool) -> None:
         self.graph = graph
         self.families = families
+        self.weight_families = weight_families
+        self.shares = "input"  # what the bucket being planned has in common
         self.options = options
         self.veto = veto
         self.exact = exact
@@ -138,9 +151,16 @@ class _Planner:
 
     def run(self) -> list[CombinePlan]:
         buckets: dict[tuple, list[int]] = {}
+        weight_buckets: dict[tuple, list[int]] = {}
         for node in self.graph.nodes:
             info = node.root
-            if info is None or info.family not in self.families:
+            if info is None:
+                continue
+            if info.family in self.weight_families and set(node.deps) == set(node.operands):
+                key = self._weight_bucket(node)
+                if key is not None:
+                    weight_buckets.setdefault(key, []).append(node.index)
+            if info.family not in self.families:
                 continue
             if isinstance(info.width, int) and info.width <= 0:
                 continue
@@ -158,8 +178,49 @@ class _Planner:
         plans: list[CombinePlan] = []
         for (_, _, _, stacked), roots in buckets.items():
             plans.extend(self._plans_for_bucket(roots, stacked))
-        plans.sort(key=lambda p: p.roots[0])
+        self.shares = "weight"
+        for roots in weight_buckets.values():
+            plans.extend(self._plans_for_bucket(roots, False))
+        plans.sort(key=lambda p: min(p.roots))
         return plans
+
+    def _weight_bucket(self, node: Node) -> tuple | None:
+        """Bucket of a root that may share its weight with siblings of other inputs, or None.
+
+        Inputs concatenate on their row axis (-2), so every other input dimension must agree.
+        """
+        info = node.root
+        data = self.graph[node.operands[info.data]]
+        if info.kernel is not None or data.shape is None or len(data.shape) < 2 or node.shape is None \
+                or len(node.shape) < 2:
+            return None
+        rows = data.shape[-2]
+        if isinstance(rows, int) and rows <= 0:
+            return None
+        rest = tuple(d for i, d in enumerate(data.shape) if i != len(data.shape) - 2)
+        return self.values[node.operands[info.weight]], info.key, rest, data.dtype
+
+    # -- what a branch shares and owns, by the bucket's kind ----------------------------------
+
+    def _shared(self, root: int) -> int:
+        node = self.graph[root]
+        return node.operands[node.root.weight if self.shares == "weight" else node.root.data]
+
+    def _own(self, root: int) -> int:
+        node = self.graph[root]
+        return node.operands[node.root.data if self.shares == "weight" else node.root.weight]
+
+    def _width(self, root: int) -> Dim:
+        """A branch's extent on the split axis: its output width, or its input's rows."""
+        node = self.graph[root]
+        return self.graph[self._own(root)].shape[-2] if self.shares == "weight" else node.root.width
+
+    def _axes(self, root: int) -> tuple[int, int]:
+        """(split axis of the output, concatenation axis of the per-branch operands)."""
+        node = self.graph[root]
+        if self.shares == "weight":
+            return len(node.shape) - 2, len(self.graph[self._own(root)].shape) - 2
+        return node.root.out_axis, node.root.weight_axis
 
     def _plans_for_bucket(self, roots: list[int], stacked: bool) -> list[CombinePlan]:
         plans: list[CombinePlan] = []
@@ -187,21 +248,19 @@ class _Planner:
         """
         g, opts = self.graph, self.options
         first = g[remaining[0]]
-        data = first.operands[first.root.data]
         chosen = [remaining[0]]
         count = self._branch_count(remaining[0])
         members = 1 << remaining[0]
-        inputs = self._closure(data) | self._closure(first.operands[first.root.weight])
+        inputs = self._closure(self._shared(remaining[0])) | self._closure(self._own(remaining[0]))
         for candidate in remaining[1:]:
-            node = g[candidate]
             if not self._one_symbolic_width(chosen + [candidate]):
                 continue
-            closure = self._closure(node.operands[node.root.weight])
+            closure = self._closure(self._own(candidate))
             grown = count + self._branch_count(candidate)
             if opts.max_branches is not None and grown > opts.max_branches:
                 continue
             if (inputs | closure) & (members | 1 << candidate):
-                continue  # a weight reads another branch (or the other way round)
+                continue  # an operand reads another branch (or the other way round)
             if first.root.kernel is not None or opts.max_combined_bytes is not None:
                 alignment = None
                 if first.root.kernel is not None:
@@ -218,11 +277,11 @@ class _Planner:
 
     def _one_symbolic_width(self, roots: list[int]) -> bool:
         """At most one branch of a group may have a symbolic width (TVM's rule too)."""
-        return sum(not isinstance(self.graph[r].root.width, int) for r in roots) <= 1
+        return sum(not isinstance(self._width(r), int) for r in roots) <= 1
 
     def _symbolic_last(self, roots: list[int]) -> list[int]:
         """The symbolic-width branch goes last, so every split offset is a sum of static widths."""
-        return sorted(roots, key=lambda r: not isinstance(self.graph[r].root.width, int))
+        return sorted(roots, key=lambda r: not isinstance(self._width(r), int))
 
     def _choose_one_by_one(self, remaining: list[int], stacked: bool) -> tuple[list[int], CombinePlan | None]:
         """Each candidate tried with the whole plan (followers included): exact, quadratic."""
@@ -273,19 +332,31 @@ class _Planner:
             total = self._weight_bytes(roots, alignment)
             if total is None or total > opts.max_combined_bytes:
                 return None
-        widths = tuple(info.width for info in infos)  # static, but for a symbolic last one
-        steps = self._steps(roots, widths, first.out_axis, stacked)
-        plan = CombinePlan(first.family, tuple(roots), widths, tuple(steps), first.out_axis, first.weight_axis,
-                           alignment, first.stack if stacked else None)
-        if not self._independent(plan):
-            return None
-        return plan
+        widths = tuple(self._width(r) for r in roots)  # static, but for a symbolic last one
+        out_axis, concat_axis = self._axes(roots[0])
+        steps = self._steps(roots, widths, out_axis, stacked)
+        plan = CombinePlan(first.family, tuple(roots), widths, tuple(steps), out_axis, concat_axis,
+                           alignment, first.stack if stacked else None, self.shares)
+        if self._independent(plan):
+            return plan
+        # A follower's operand reads the group (say a recurrence through a side input): keep the
+        # deepest prefix of followers that stays independent. Fewer steps only drop inputs and
+        # members, so independence is monotone in depth and a binary search finds it.
+        low, high = 0, len(steps) - 1  # depth `low` is assumed independent, `high + 1` is not
+        while low < high:
+            mid = (low + high + 1) // 2
+            if self._independent(dataclasses.replace(plan, steps=plan.steps[:mid])):
+                low = mid
+            else:
+                high = mid - 1
+        trimmed = dataclasses.replace(plan, steps=plan.steps[:low])
+        return trimmed if self._independent(trimmed) else None
 
     def _weight_bytes(self, roots: list[int], alignment: KernelAlignment | None) -> int | None:
         total = 0
-        for r in roots:
+        for r in roots:  # the concatenated operand: weights, or inputs when the weight is shared
             info = self.graph[r].root
-            nbytes = self.graph[self.graph[r].operands[info.weight]].nbytes
+            nbytes = self.graph[self._own(r)].nbytes
             if nbytes is None:
                 return None
             if alignment is not None:
@@ -411,9 +482,7 @@ class _Planner:
 
     def _independent(self, plan: CombinePlan) -> bool:
         members = bitset(plan.members)
-        g = self.graph
-        inputs = [g[plan.roots[0]].operands[g[plan.roots[0]].root.data]]
-        inputs += [g[r].operands[g[r].root.weight] for r in plan.roots]
+        inputs = [self._shared(plan.roots[0])] + [self._own(r) for r in plan.roots]
         for step in plan.steps:
             for side in step.sides:
                 inputs += side.sources

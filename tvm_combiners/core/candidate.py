@@ -14,8 +14,11 @@ from .graph import Graph
 class CombineCandidate:
     """A group of branches, described with the IR's own expressions.
 
-    ``roots`` are the matmul/conv calls, ``weights`` their weight operands, ``followers`` the
-    elementwise ops combined after each root (per branch), ``widths`` each branch's output share.
+    ``roots`` are the matmul/conv calls, ``weights`` their weight operands, ``inputs`` their
+    input operands, ``followers`` the elementwise ops combined after each root (per branch),
+    ``widths`` each branch's share of the split axis. ``shares`` is ``"input"`` (``data`` is the
+    one input all branches read) or ``"weight"`` (all ``weights`` are one weight; the inputs
+    concatenate by rows and ``widths`` are their row counts).
     """
 
     family: str
@@ -28,10 +31,15 @@ class CombineCandidate:
     input_shape: tuple | None = None
     weight_shapes: tuple = ()
     stacked: bool = False
+    shares: str = "input"
+    inputs: tuple[Any, ...] = ()
 
     def describe(self) -> str:
         """One line for reports: ops, input and weight shapes, branch widths."""
         chain = " -> ".join((self.family,) + self.follower_ops)
+        if self.shares == "weight":
+            return (f"{len(self.roots)} x {chain}: shared weight {_fmt(self.weight_shapes[0])}, "
+                    f"inputs of rows {list(self.widths)}")
         shapes = {tuple(s) if s is not None else None for s in self.weight_shapes}
         weights = f"{len(self.weight_shapes)} x {_fmt(self.weight_shapes[0])}" if len(shapes) == 1 else \
             ", ".join(_fmt(s) for s in self.weight_shapes)
@@ -56,4 +64,6 @@ def candidate_of(plan: CombinePlan, graph: Graph, expr_of: Callable[[int], Any])
         input_shape=graph[first.operands[first.root.data]].shape,
         weight_shapes=tuple(graph[graph[r].operands[graph[r].root.weight]].shape for r in plan.roots),
         stacked=plan.stack is not None,
+        shares=plan.shares,
+        inputs=tuple(expr_of(graph[r].operands[graph[r].root.data]) for r in plan.roots),
     )

@@ -25,6 +25,12 @@ FAMILIES = {
     "CombineParallelConv2D": ("conv2d",),
     "CombineParallelOps": ("matmul", "dense", "batch_matmul", "conv2d"),
 }
+#: Families whose siblings may instead share a *weight* (inputs concatenated by rows).
+SHARED_WEIGHT_FAMILIES = {
+    "CombineSharedWeightMatmul": ("matmul", "batch_matmul"),
+    "CombineSharedWeightDense": ("dense", "batch_matmul"),
+    "CombineParallelOps": ("matmul", "dense", "batch_matmul"),
+}
 
 
 @contextlib.contextmanager
@@ -66,7 +72,8 @@ class CombineSettings:
         except (TypeError, ValueError) as err:
             raise type(err)(f"{pass_name}: {err}") from None
         self.pass_name = pass_name
-        self.families: Sequence[str] = FAMILIES[pass_name]
+        self.families: Sequence[str] = FAMILIES.get(pass_name, ())
+        self.shared_weight_families: Sequence[str] = SHARED_WEIGHT_FAMILIES.get(pass_name, ())
         self.check = check
         self.on_combine = on_combine
 
@@ -87,7 +94,7 @@ class CombineSettings:
                     return True
             return self.check is not None and not self.check(candidate_of(plan, graph, expr_of))
 
-        plans = plan_combinations(graph, self.families, self.options, veto)
+        plans = plan_combinations(graph, self.families, self.options, veto, self.shared_weight_families)
         if self.on_combine is not None:
             for plan in plans:
                 self.on_combine(candidate_of(plan, graph, expr_of))
@@ -109,10 +116,13 @@ def _takes(fn: Callable[..., Any], count: int) -> bool | None:
 
 def _tvm_check_args(plan: CombinePlan, graph: Graph, expr_of: Callable[[int], Any]) -> tuple[Any, list, list]:
     """``(lhs, rhs, bias)`` as TVM's check receives them: the shared input, the weights, and the
-    per-branch bias of a leading ``add`` follower (empty when the group has none)."""
-    first = graph[plan.roots[0]]
-    lhs = expr_of(first.operands[first.root.data])
-    rhs = [expr_of(graph[r].operands[graph[r].root.weight]) for r in plan.roots]
+    per-branch bias of a leading ``add`` follower (empty when the group has none). For a group
+    sharing a weight (which TVM's pass never forms) ``lhs`` is that weight, ``rhs`` the inputs."""
+    def operands(position: str) -> list[Any]:
+        return [expr_of(graph[r].operands[getattr(graph[r].root, position)]) for r in plan.roots]
+
+    shared, own = ("weight", "data") if plan.shares == "weight" else ("data", "weight")
+    lhs, rhs = operands(shared)[0], operands(own)
     bias: list = []
     if plan.steps and graph[plan.steps[0].nodes[0]].op == "add" and len(plan.steps[0].sides) == 1:
         bias = [expr_of(source) for source in plan.steps[0].sides[0].sources]

@@ -95,8 +95,11 @@ def _concatenated_root(plan: CombinePlan, graph: Graph, builder: PlanBuilder) ->
             weight = builder.pad(weight, pads)
         weights.append(weight)
     first = graph[plan.roots[0]]
+    if plan.shares == "weight":  # the weight is shared: inputs concatenate by rows instead
+        inputs = [builder.value(graph[r].operands[graph[r].root.data]) for r in plan.roots]
+        return builder.combined_root(plan, builder.concat(inputs, plan.concat_axis), weights[0])
     data = builder.value(first.operands[first.root.data])
-    return builder.combined_root(plan, data, builder.concat(weights, plan.weight_axis))
+    return builder.combined_root(plan, data, builder.concat(weights, plan.concat_axis))
 
 
 def _stacked_root(plan: CombinePlan, graph: Graph, builder: PlanBuilder) -> Any:

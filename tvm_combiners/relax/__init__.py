@@ -5,6 +5,8 @@ from .passes import (
     CombineParallelConv2D,
     CombineParallelMatmul,
     CombineParallelOps,
+    CombineSharedWeightMatmul,
 )
 
-__all__ = ["CombineParallelBatchMatmul", "CombineParallelConv2D", "CombineParallelMatmul", "CombineParallelOps"]
+__all__ = ["CombineParallelBatchMatmul", "CombineParallelConv2D", "CombineParallelMatmul", "CombineParallelOps",
+           "CombineSharedWeightMatmul"]

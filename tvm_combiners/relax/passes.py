@@ -56,5 +56,10 @@ CombineParallelBatchMatmul = pass_factory(
     "CombineParallelBatchMatmul", "Merge sibling ``R.matmul`` ops with batched weights of equal batch.", _build)
 CombineParallelConv2D = pass_factory(
     "CombineParallelConv2D", "Merge sibling ``R.nn.conv2d`` ops (groups == 1), zero-padding smaller kernels.", _build)
+CombineSharedWeightMatmul = pass_factory(
+    "CombineSharedWeightMatmul",
+    "Merge sibling ``R.matmul`` ops that read one weight with different inputs (inputs concatenated by rows).",
+    _build)
 CombineParallelOps = pass_factory(
-    "CombineParallelOps", "Merge parallel matmul, batch matmul and conv2d branches in one pass.", _build)
+    "CombineParallelOps",
+    "Merge parallel matmul, batch matmul and conv2d branches, and matmuls sharing a weight, in one pass.", _build)

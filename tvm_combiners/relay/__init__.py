@@ -19,6 +19,8 @@ from .passes import (  # noqa: E402
     CombineParallelConv2D,
     CombineParallelDense,
     CombineParallelOps,
+    CombineSharedWeightDense,
 )
 
-__all__ = ["CombineParallelBatchMatmul", "CombineParallelConv2D", "CombineParallelDense", "CombineParallelOps"]
+__all__ = ["CombineParallelBatchMatmul", "CombineParallelConv2D", "CombineParallelDense", "CombineParallelOps",
+           "CombineSharedWeightDense"]

@@ -54,5 +54,10 @@ CombineParallelBatchMatmul = pass_factory(
     _build)
 CombineParallelConv2D = pass_factory(
     "CombineParallelConv2D", "Merge sibling ``nn.conv2d`` ops (groups == 1), zero-padding smaller kernels.", _build)
+CombineSharedWeightDense = pass_factory(
+    "CombineSharedWeightDense",
+    "Merge sibling ``nn.dense``/``nn.matmul``/``nn.batch_matmul`` ops that read one weight with different inputs.",
+    _build)
 CombineParallelOps = pass_factory(
-    "CombineParallelOps", "Merge parallel dense, batch_matmul and conv2d branches in one pass.", _build)
+    "CombineParallelOps",
+    "Merge parallel dense, batch_matmul and conv2d branches, and denses sharing a weight, in one pass.", _build)

@@ -1,0 +1,43 @@
+"""Shared-weight combining in Relay: ``dense(x1, W)``, ``dense(x2, W)`` become one dense (issue 12)."""
+
+from helpers import assert_same_outputs, const, make_module, ops, random_inputs, unchanged
+from tvm import relay
+
+from tvm_combiners.relay import CombineParallelDense, CombineParallelOps, CombineSharedWeightDense
+
+
+def test_dense_sharing_a_weight_with_bias_add_and_relu():
+    xs = [relay.var(f"x{i}", shape=(r, 8)) for i, r in enumerate((3, 5, 2))]
+    w, b = relay.var("w", shape=(6, 8)), const((6,), 1)
+    mod = make_module([relay.nn.relu(relay.nn.bias_add(relay.nn.dense(x, w), b)) for x in xs], xs + [w])
+    seen = []
+    new = CombineSharedWeightDense(on_combine=seen.append)(mod)
+    assert ops(mod, "nn.dense") == 3 and ops(new, "nn.dense") == 1 and ops(new, "nn.relu") == 1
+    assert seen[0].shares == "weight" and seen[0].widths == (3, 5, 2)
+    assert_same_outputs(mod, new, random_inputs(mod))
+    assert unchanged(CombineSharedWeightDense()(new), new)
+    assert unchanged(CombineParallelDense()(mod), mod)  # shared inputs only
+
+
+def test_batch_matmul_sharing_a_weight_and_an_unrolled_recurrence():
+    xs = [relay.var(f"x{i}", shape=(2, r, 8)) for i, r in enumerate((3, 4))]
+    w = const((2, 6, 8), 3)
+    outs = [relay.nn.batch_matmul(x, w) for x in xs]
+    h0 = relay.var("h0", shape=(2, 8))
+    w_in, w_rec = const((8, 8), 4), const((8, 8), 5)
+    steps = [relay.var(f"s{i}", shape=(2, 8)) for i in range(3)]
+    h = h0
+    for s in steps:  # input projections are independent; the recurrent denses chain
+        h = relay.tanh(relay.add(relay.nn.dense(s, w_in), relay.nn.dense(h, w_rec)))
+    mod = make_module(outs + [h], xs + steps + [h0])
+    new = CombineParallelOps()(mod)
+    assert ops(mod, "nn.batch_matmul") == 2 and ops(new, "nn.batch_matmul") == 1
+    assert ops(mod, "nn.dense") == 6 and ops(new, "nn.dense") == 4  # 3 input projections -> 1
+    assert_same_outputs(mod, new, random_inputs(mod))
+
+
+def test_rows_of_different_batch_stay_apart():
+    x1, x2 = relay.var("x1", shape=(2, 3, 8)), relay.var("x2", shape=(3, 3, 8))
+    w = relay.var("w", shape=(1, 6, 8))  # broadcast over either batch
+    mod = make_module([relay.nn.batch_matmul(x1, w), relay.nn.batch_matmul(x2, w)], [x1, x2, w])
+    assert unchanged(CombineSharedWeightDense()(mod), mod)
