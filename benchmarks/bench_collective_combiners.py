@@ -1,0 +1,118 @@
+"""Collective combiners on 2 ranks: many small collectives before and after combining (Relax, llvm).
+
+    .venv/bin/python benchmarks/bench_collective_combiners.py [--quick]
+
+Launches its own 2 ranks (tvm_combiners.collectives.runtime.launch); rank 0 prints one table.
+Each case is one Relax function holding k independent collectives of the given size per rank,
+compiled for llvm and called through the VM: ``before`` as written, ``after`` through
+``CombineCollectives`` (one pack kernel, one collective, one unpack kernel), and ``one op``: a
+single collective of the total size (the floor combining can reach). Median of batches, the slower
+rank's figure, microseconds per call, all from the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+CASES = (  # (name, op, count, bytes per op)
+    ("64 x 4 KiB allreduce", "allreduce", 64, 4 << 10),
+    ("256 x 256 B allreduce", "allreduce", 256, 256),
+    ("16 x 1 MiB allreduce", "allreduce", 16, 1 << 20),
+    ("64 x 4 KiB allgather", "allgather", 64, 4 << 10),
+)
+
+
+def _module(op: str, count: int, nbytes: int, n: int):
+    import tvm
+    from tvm import relax
+
+    from tvm_combiners.collectives import relax as CR
+
+    elems = nbytes // 4
+    xs = [relax.Var(f"x{i}", relax.TensorType((elems,), "float32")) for i in range(count)]
+    bb = relax.BlockBuilder()
+    with bb.function("main", xs, pure=False):
+        outs = []
+        for x in xs:
+            call = CR.allreduce(x) if op == "allreduce" else CR.allgather(x, group=[list(range(n))])
+            outs.append(bb.emit(call))
+        bb.emit_func_output(relax.Tuple(outs))
+    return bb.get(), [tvm.runtime.tensor(__import__("numpy").full((elems,), i + 1, "float32")) for i in range(count)]
+
+
+def _compile(mod):
+    import tvm
+    from tvm import relax
+
+    from tvm_combiners.collectives import relax as CR
+
+    ex = tvm.compile(mod, target="llvm", relax_pipeline=CR.pipeline("llvm"))
+    return relax.VirtualMachine(ex, tvm.cpu())["main"]
+
+
+def _time(comm, fn, calls: int, batches: int) -> float:
+    from mpi4py import MPI
+
+    for _ in range(min(calls, 10)):
+        fn()
+    samples = []
+    for _ in range(batches):
+        comm.Barrier()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - start) / calls * 1e6)
+    return comm.allreduce(statistics.median(samples), op=MPI.MAX)
+
+
+def rank_main(quick: bool) -> None:
+    import numpy as np
+    from mpi4py import MPI
+
+    import tvm_combiners.collectives.runtime  # noqa: F401 - registers the runtime functions
+    from tvm_combiners.collectives.combiners import relax as CB
+
+    comm = MPI.COMM_WORLD
+    n = comm.Get_size()
+    rows = []
+    for name, op, count, nbytes in CASES:
+        mod, args = _module(op, count, nbytes, n)
+        combined = CB.CombineCollectives()(mod)
+        one, one_args = _module(op, 1, count * nbytes, n)
+        before, after, single = _compile(mod), _compile(combined), _compile(one)
+        got_b, got_a = before(*args), after(*args)
+        for a, b in zip(got_b, got_a):  # the benchmark also checks the combined results
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
+        calls = 20 if quick else 200 if count * nbytes <= 1 << 20 else 30
+        batches = 3 if quick else 7
+        t_before = _time(comm, lambda: before(*args), calls, batches)
+        t_after = _time(comm, lambda: after(*args), calls, batches)
+        t_one = _time(comm, lambda: single(*one_args), calls, batches)
+        rows.append((name, t_before, t_after, t_one))
+    if comm.Get_rank() == 0:
+        print(f"2 ranks, llvm, Relax VM, median us per call (slower rank); {'quick' if quick else 'full'} run")
+        print(f"{'case':<24}{'before':>10}{'after':>10}{'one op':>10}{'before/after':>14}{'after/one op':>14}")
+        for name, b, a, o in rows:
+            print(f"{name:<24}{b:>10.1f}{a:>10.1f}{o:>10.1f}{b / a:>13.2f}x{a / o:>13.2f}x")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rank:
+        rank_main(args.quick)
+        return 0
+    from tvm_combiners.collectives.runtime import launch
+
+    argv = [sys.executable, str(Path(__file__).resolve()), "--rank"] + (["--quick"] if args.quick else [])
+    return launch(2, argv, timeout=900)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
