@@ -320,3 +320,23 @@ def test_closed_stdout_is_not_a_traceback(tmp_path):
     err = proc.stderr.read()
     assert proc.wait(timeout=120) == 141
     assert "Traceback" not in err and "[tvm-combiners] running combined (1 timed runs)" in err
+
+
+def test_a_changed_result_is_never_reported_as_success(capsys, tmp_path, monkeypatch):
+    """If a combined module ever computed something else, the job fails (exit 1) instead of printing a table."""
+    from tvm_combiners.relax.job import RelaxBackend
+
+    real_run = RelaxBackend.run
+    calls = []
+
+    def miscompiled_run(self, built, inputs, target):  # baseline runs first, the combined module second
+        outputs = real_run(self, built, inputs, target)
+        calls.append(1)
+        return outputs if len(calls) == 1 else [o * 2 for o in outputs]
+
+    monkeypatch.setattr(RelaxBackend, "run", miscompiled_run)
+    path = parallel_matmuls(tmp_path / "p.onnx")
+    code, out, error = _run(capsys, path)
+    assert code == 1 and out == ""
+    assert error.startswith(f"{path}: check: the combined module's outputs differ from the baseline's by ")
+    assert error.endswith("(a bug in tvm-combiners: rerun with --debug for the traceback)")

@@ -254,6 +254,7 @@ def run_job(model_path: str | None = None, target: str = "llvm", ir: str | None 
     if not executable:
         report.executed = False
         report.note = "no CUDA GPU here: compiled with nvcc, not executed"
+    outputs: dict[str, list[np.ndarray]] = {}
     for label, mod in modules:
         # The baseline is TVM on the user's model: its failure is a model TVM cannot handle here
         # (exit 2). The combined module failing where the baseline worked is our bug (exit 1).
@@ -266,7 +267,19 @@ def run_job(model_path: str | None = None, target: str = "llvm", ir: str | None 
         if executable:
             with _stage(path, "run", f"running the {label} module failed", bad_input=is_baseline):
                 progress(f"running {label} ({repeat} timed runs)")
-                variant.max_abs_diff = max_abs_diff(backend.run(built, inputs, target), reference)
+                outputs[label] = backend.run(built, inputs, target)
+                variant.max_abs_diff = max_abs_diff(outputs[label], reference)
                 variant.latency_s = backend.time(built, inputs, target, repeat)
         report.variants.append(variant)
+    if "combined" in outputs:
+        _check_combined(path, outputs["combined"], outputs["baseline"])
     return report
+
+
+def _check_combined(path: str, combined: list[np.ndarray], baseline: list[np.ndarray], rtol: float = 1e-4) -> None:
+    """A combined module must compute what the baseline does: never report a changed result as success."""
+    scale = max(float(np.max(np.abs(np.asarray(b, np.float64)))) for b in baseline) if baseline else 0.0
+    diff = max_abs_diff(combined, baseline)
+    if diff > rtol * max(scale, 1.0):
+        raise JobError(path, "check", f"the combined module's outputs differ from the baseline's by {diff:.3e}",
+                       bad_input=False)
