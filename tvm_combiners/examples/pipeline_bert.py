@@ -1,0 +1,417 @@
+"""Pipeline-parallel BERT: MiniLM-L3 cut into stages, one per rank, joined by send/recv.
+
+    tvm-combiners launch -n 3 -- python -m tvm_combiners.examples.pipeline_bert [--json]
+
+The imported Relax function is cut between layers (at the LayerNorm that ends a layer): each stage
+becomes a function whose parameters are exactly what crosses its cut (the hidden state, the
+attention mask in the forms later layers read, the inputs the outputs pass through). Every rank
+runs the same program (SPMD, as StableHLO's send/recv): per micro-batch and stage, the stage's
+inputs arrive by ``recv`` from the previous rank, the stage runs where ``rank == stage`` (an
+``if``), its outputs leave by ``send`` with ``source_target_pairs=[[s, s + 1]]``. Sends never wait,
+so stage s works on micro-batch m while stage s - 1 already computes micro-batch m + 1. Tokens chain
+each hop's sends (and recvs) from one micro-batch to the next, so ``SendRecvCombiner`` merges what
+travels together (the tensors of one micro-batch on one hop) and never holds a micro-batch back
+for the next one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+TAG = "pipeline-bert"
+TOL = 1e-4
+
+
+@dataclass(frozen=True)
+class Config:
+    seq: int = 16
+    micro_batch: int = 1
+    micro_batches: int = 4
+    repeat: int = 3
+    opt_level: int = 3
+
+
+# --------------------------------------------------------------------------- cutting a function
+
+
+@dataclass
+class Stage:
+    """One stage: its bindings (indices into the block), what it receives and what it hands on."""
+
+    index: int
+    bindings: list[int] = field(default_factory=list)
+    inputs: list[Any] = field(default_factory=list)  # original vars (params or bindings' vars)
+    outputs: list[Any] = field(default_factory=list)  # original vars, the next stage's inputs
+
+
+def layer_ends(block: Any) -> list[int]:
+    """Binding indices of the LayerNorms that end each encoder layer.
+
+    A BERT layer has two LayerNorms (after attention, after the FFN) and the embeddings one:
+    the (2k + 2)-th LayerNorm ends layer k.
+    """
+    from tvm import relax
+
+    norms = [i for i, b in enumerate(block.bindings)
+             if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == "relax.nn.layer_norm"]
+    if len(norms) < 3 or len(norms) % 2 != 1:
+        raise ValueError(f"pipeline-bert: expected 1 + 2 x layers LayerNorms (a BERT encoder), found {len(norms)}")
+    return norms[2::2]
+
+
+def plan_stages(func: Any, num_stages: int) -> list[Stage]:
+    """Cut ``func`` (one dataflow block) into ``num_stages`` stages of whole layers.
+
+    Layers are spread evenly, the earlier stages (which also hold the embeddings) taking fewer.
+    Each layer-ending LayerNorm stays in its stage; every other binding moves as late as its users
+    allow (the pooling's mask arithmetic runs in the last stage, so the small int64 mask crosses
+    the cuts instead of a broadcast float copy of it). What crosses cut s is every value defined
+    before it and used after it.
+    """
+    from tvm import relax
+
+    blocks = func.body.blocks
+    if len(blocks) != 1 or not isinstance(blocks[0], relax.DataflowBlock):
+        raise ValueError("pipeline-bert: the imported function must be one dataflow block")
+    block = blocks[0]
+    ends = layer_ends(block)
+    layers = len(ends)
+    if not 1 <= num_stages <= layers:
+        raise ValueError(f"pipeline-bert: {num_stages} stages for {layers} layers: need 1 <= stages <= layers")
+    counts = [layers // num_stages + (1 if s >= num_stages - layers % num_stages else 0) for s in range(num_stages)]
+    cuts = [ends[sum(counts[:s + 1]) - 1] for s in range(num_stages - 1)]  # last binding of stage s
+    n = len(block.bindings)
+    index_of = {b.var: i for i, b in enumerate(block.bindings)}
+    users: list[list[int]] = [[] for _ in range(n)]
+    param_users: dict[Any, list[int]] = {p: [] for p in func.params}
+    for i, b in enumerate(block.bindings):
+        for v in relax.analysis.free_vars(b.value):
+            if v in index_of:
+                users[index_of[v]].append(i)
+            elif v in param_users:
+                param_users[v].append(i)
+    last = num_stages - 1
+    output_vars = set(relax.analysis.free_vars(func.body.body))
+    stage = [0] * n
+    for i in reversed(range(n)):
+        original = sum(c < i for c in cuts)
+        if i in cuts:
+            stage[i] = original
+        elif block.bindings[i].var in output_vars:
+            stage[i] = last
+        elif users[i]:
+            stage[i] = min(stage[u] for u in users[i])
+        else:
+            stage[i] = original
+    stages = [Stage(s) for s in range(num_stages)]
+    for i in range(n):
+        stages[stage[i]].bindings.append(i)
+    # live values: (var, defining stage, stages using it); params are defined in stage 0
+    live = [(p, 0, {stage[u] for u in param_users[p]}) for p in func.params]
+    live += [(b.var, stage[i], {stage[u] for u in users[i]} | ({last} if b.var in output_vars else set()))
+             for i, b in enumerate(block.bindings)]
+    for p in func.params:
+        if p in output_vars:
+            live[func.params.index(p)][2].add(last)
+    stages[0].inputs = list(func.params)
+    for s in range(1, num_stages):
+        stages[s].inputs = [v for v, d, used in live if d < s and any(u >= s for u in used)]
+        stages[s - 1].outputs = stages[s].inputs
+    return stages
+
+
+def build_stage_functions(mod: Any, stages: list[Stage]) -> tuple[Any, list[Any]]:
+    """``mod`` with ``stage<s>`` for every stage instead of ``main`` (inputs -> outputs tuple; the
+    last stage returns what ``main`` returned). ``main``'s helpers (TIR functions) stay."""
+    import tvm
+    from tvm import relax
+
+    func = mod["main"]
+    block = func.body.blocks[0]
+
+    @relax.expr_functor.mutator
+    class Rename(relax.PyExprMutator):  # type: ignore[misc]
+        def __init__(self, mapping: dict[Any, Any]) -> None:
+            super().__init__()
+            self.mapping = mapping
+
+        def visit_var_(self, op: Any) -> Any:
+            return self.mapping.get(op, op)
+
+        def visit_dataflow_var_(self, op: Any) -> Any:
+            return self.mapping.get(op, op)
+
+    bb = relax.BlockBuilder(tvm.IRModule({gv: f for gv, f in mod.functions_items() if gv.name_hint != "main"}))
+    gvs = []
+    for st in stages:
+        params = [relax.Var(f"in{k}", v.ty) for k, v in enumerate(st.inputs)]
+        mapping = dict(zip(st.inputs, params))
+        rename = Rename(mapping)
+        with bb.function(f"stage{st.index}", params):
+            with bb.dataflow():
+                for i in st.bindings:
+                    b = block.bindings[i]
+                    mapping[b.var] = bb.emit(rename.visit_expr(b.value))
+                result = func.body.body if st.index == len(stages) - 1 else relax.Tuple(list(st.outputs))
+                out = bb.emit_output(rename.visit_expr(result))
+            gvs.append(bb.emit_func_output(out))
+    return bb.get(), gvs
+
+
+def tensor_types(vars_: list[Any]) -> list[tuple[tuple[int, ...], str]]:
+    return [(tuple(int(d) for d in v.ty.shape.values), str(v.ty.dtype)) for v in vars_]
+
+
+def build_pipeline(mod: Any, num_stages: int, micro_batches: int) -> tuple[Any, list[Stage]]:
+    """The SPMD program ``main(rank, *inputs of every micro-batch)`` -> every micro-batch's outputs.
+
+    On rank ``num_stages - 1`` the outputs are the model's; elsewhere zeros (nothing there computes them).
+    """
+    from tvm import relax
+
+    from ..collectives import relax as C
+
+    func = mod["main"]
+    stages = plan_stages(func, num_stages)
+    mod, gvs = build_stage_functions(mod, stages)
+    bb = relax.BlockBuilder(mod)
+    rank = relax.Var("rank", relax.TensorType((), "int32"))
+    inputs = [[relax.Var(f"{p.name}_{m}", p.ty) for p in func.params] for m in range(micro_batches)]
+    ret_ty = mod[gvs[-1]].ret_ty
+    channels: dict[tuple[int, int], int] = {}  # (micro-batch, hop) -> first channel id
+    recv_token: dict[tuple[int, int], Any] = {}
+    next_channel = 0
+    with bb.function("main", [rank, *[v for mb in inputs for v in mb]], pure=False):
+        hop_token: list[Any] = [None] * num_stages  # per hop: after the previous micro-batch's sends
+        results = []
+        for m in range(micro_batches):
+            ins: list[Any] = inputs[m]
+            for s, st in enumerate(stages):
+                if s > 0:
+                    start = channels[(m, s - 1)]
+                    ins = [bb.emit(C.recv(shape, dtype, [[s - 1, s]], channel_id=start + k, token=recv_token[(m, s - 1)]))
+                           for k, (shape, dtype) in enumerate(tensor_types(st.inputs))]
+                here = bb.emit(relax.op.equal(rank, relax.const(s, "int32")))
+                out_ty = ret_ty if s == num_stages - 1 else relax.TupleType([v.ty for v in st.outputs])
+                zeros = relax.Tuple([relax.op.zeros(relax.ShapeExpr(list(t.shape.values)), t.dtype) for t in out_ty.fields])
+                out = bb.emit(relax.If(here, relax.Call(gvs[s], ins), zeros))
+                if s == num_stages - 1:
+                    results.append(out)
+                    continue
+                start = channels[(m, s)] = next_channel
+                next_channel += len(st.outputs)
+                sent = [bb.emit(C.send(bb.emit(relax.TupleGetItem(out, k)), [[s, s + 1]], channel_id=start + k,
+                                       token=hop_token[s]))
+                        for k in range(len(st.outputs))]
+                recv_token[(m, s)] = hop_token[s]
+                hop_token[s] = bb.emit(C.after_all(*sent))
+        bb.emit_func_output(relax.Tuple(results))
+    return bb.get(), stages
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def count_p2p(mod: Any) -> dict[str, list[int]]:
+    """Payload bytes of every send and recv in ``mod``'s ``main``, by kind."""
+    from tvm import relax
+
+    from ..collectives import relax as C
+
+    found: dict[str, list[int]] = {"send": [], "recv": []}
+
+    def visit(e: Any) -> None:
+        spec = C.info(e)
+        if spec is not None and spec.kind in found:
+            ty = e.args[0].ty if spec.kind == "send" else e.ty
+            dims = [int(d) for d in ty.shape.values]
+            found[spec.kind].append(int(np.prod(dims)) * np.dtype(str(ty.dtype)).itemsize)
+
+    relax.analysis.post_order_visit(mod["main"], visit)
+    return found
+
+
+def send_recv_combiner() -> Any:
+    """``SendRecvCombiner`` where the package exports it; None while it does not exist yet."""
+    import importlib
+
+    for module in ("tvm_combiners.collectives.relax", "tvm_combiners.collectives.combiners.relax_passes"):
+        try:
+            found = getattr(importlib.import_module(module), "SendRecvCombiner", None)
+        except ImportError:
+            found = None
+        if found is not None:
+            return found
+    return None
+
+
+def _time(call: Any, repeat: int, barrier: bool) -> float:
+    from .report import comm
+
+    times = []
+    for _ in range(repeat):
+        if barrier:
+            comm().Barrier()
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def run(cfg: Config) -> dict[str, Any]:
+    """The whole job (every rank calls it); rank 0 returns the report, the others an empty dict."""
+    import tvm
+    from tvm import relax
+
+    from ..collectives import relax as C
+    from ..collectives.runtime import rank as get_rank
+    from ..collectives.runtime import world_size
+    from ..models import default_model_path, example_inputs, import_relax, prepare_onnx, run_onnxruntime
+    from .report import comm, compile_shared, max_abs, progress
+
+    rank, world = get_rank(), world_size()
+    path = default_model_path()
+    progress(TAG, f"{world} stages; importing {path.name} (micro-batch {cfg.micro_batch}, seq {cfg.seq})")
+    model = prepare_onnx(path, batch=cfg.micro_batch, seq=cfg.seq)
+    imported, _ = import_relax(model)
+    base, stages = build_pipeline(imported, world, cfg.micro_batches)
+    variants = {"uncombined": (base, [])}
+    combiner = send_recv_combiner()
+    if combiner is not None:
+        notes: list[str] = []
+        variants["combined"] = (combiner(on_combine=lambda c: notes.append(c.describe()))(base), notes)
+    target = tvm.target.Target({"kind": "llvm", "opt-level": cfg.opt_level})
+    builders = {name: (lambda m=m: tvm.compile(m, target=target, relax_pipeline=C.pipeline(target)))
+                for name, (m, _) in variants.items()}
+    libs, compile_s = compile_shared(builders, TAG)
+
+    inputs = [example_inputs(model, batch=cfg.micro_batch, seq=cfg.seq, seed=m) for m in range(cfg.micro_batches)]
+    names = [p.name for p in imported["main"].params]
+    args = [tvm.runtime.tensor(np.array(rank, "int32"))]
+    args += [tvm.runtime.tensor(inputs[m][name]) for m in range(cfg.micro_batches) for name in names]
+    mine: dict[str, Any] = {"outputs": {}, "time": {}}
+    for name in variants:
+        progress(TAG, f"running {name} ({cfg.micro_batches} micro-batches)")
+        vm = relax.VirtualMachine(libs[name], tvm.cpu())
+        outs = vm["main"](*args)
+        if rank == world - 1:
+            mine["outputs"][name] = [[o.numpy() for o in mb] for mb in outs]
+        mine["time"][name] = _time(lambda vm=vm: vm["main"](*args), cfg.repeat, barrier=True)
+    # this rank's stage alone, on zeros of its input types: the time the pipeline overlaps
+    vm = relax.VirtualMachine(libs["uncombined"], tvm.cpu())
+    st = stages[rank]
+    stage_args = [tvm.runtime.tensor(np.zeros([int(d) for d in v.ty.shape.values], str(v.ty.dtype)))
+                  for v in st.inputs]
+    mine["stage_s"] = _time(lambda: vm[f"stage{rank}"](*stage_args), cfg.repeat, barrier=False)
+    gathered = comm().gather(mine, root=0)
+    if rank != 0:
+        return {}
+    assert gathered is not None
+    reference = [run_onnxruntime(model, inputs[m]) for m in range(cfg.micro_batches)]
+    output_names = [o.name for o in model.graph.output]
+    last = gathered[world - 1]["outputs"]
+    failures: list[str] = []
+    report: dict[str, Any] = {
+        "example": TAG,
+        "ranks": world,
+        "model": str(path.name),
+        "config": asdict(cfg),
+        "stages": [{"rank": s.index, "layers": _layers_of(imported["main"], s),
+                    "receives": [f"{v.name} {t[1]}{list(t[0])}" for v, t in zip(s.inputs, tensor_types(s.inputs))]
+                    if s.index else [f"{n} (input)" for n in names],
+                    "sends": [f"{v.name} {t[1]}{list(t[0])}" for v, t in zip(s.outputs, tensor_types(s.outputs))],
+                    "stage_ms": 1e3 * gathered[s.index]["stage_s"]} for s in stages],
+        "combiner": "SendRecvCombiner" if combiner is not None else "not combined yet (SendRecvCombiner not exported)",
+        "variants": {},
+    }
+    for name, (mod, notes) in variants.items():
+        p2p = count_p2p(mod)
+        diffs = {out: max(max_abs(last[name][m][k], reference[m][k]) for m in range(cfg.micro_batches))
+                 for k, out in enumerate(output_names)}
+        worst = max(diffs.values())
+        vs_uncombined = max(max_abs(a, b) for mb_a, mb_b in zip(last[name], last["uncombined"]) for a, b in zip(mb_a, mb_b))
+        report["variants"][name] = {
+            "sends": len(p2p["send"]), "recvs": len(p2p["recv"]),
+            "send_bytes": sorted(set(p2p["send"])),
+            "compile_s": compile_s.get(name),
+            "pipeline_ms": 1e3 * max(g["time"][name] for g in gathered),
+            "max_abs_diff_vs_onnxruntime": diffs,
+            "max_abs_diff_vs_uncombined": vs_uncombined,
+            "notes": notes,
+        }
+        if not worst <= TOL:
+            failures.append(f"{name}: last stage differs from onnxruntime by {worst:.3g} > {TOL:g}")
+        if not vs_uncombined == 0.0:
+            failures.append(f"{name}: differs from the uncombined program by {vs_uncombined:.3g}")
+    stage_ms = [s["stage_ms"] for s in report["stages"]]
+    m = cfg.micro_batches
+    report["overlap"] = {"sequential_estimate_ms": m * sum(stage_ms),
+                         "ideal_pipeline_ms": sum(stage_ms) + (m - 1) * max(stage_ms)}
+    report["failures"] = failures
+    report["ok"] = not failures
+    return report
+
+
+def _layers_of(func: Any, st: Stage) -> list[int]:
+    ends = layer_ends(func.body.blocks[0])
+    mine = set(st.bindings)
+    return [k for k, e in enumerate(ends) if e in mine]
+
+
+def render(report: dict[str, Any]) -> str:
+    from .report import table
+
+    cfg = report["config"]
+    lines = [f"pipeline-bert: {report['model']} on {report['ranks']} ranks, {cfg['micro_batches']} micro-batches "
+             f"of {cfg['micro_batch']} x seq {cfg['seq']}"]
+    for s in report["stages"]:
+        what = ("embeddings + " if s["rank"] == 0 else "") + "layers " + ",".join(map(str, s["layers"]))
+        lines.append(f"  rank {s['rank']}: {what}; {s['stage_ms']:.1f} ms per micro-batch; receives "
+                     + ", ".join(s["receives"]) + ("; sends " + ", ".join(s["sends"]) if s["sends"] else ""))
+    lines.append(f"combiner: {report['combiner']}")
+    lines.append("")
+    rows = []
+    for name, v in report["variants"].items():
+        rows.append([name, v["sends"], v["recvs"], ",".join(map(str, v["send_bytes"])),
+                     f"{v['compile_s']:.1f}" if v["compile_s"] is not None else "-", f"{v['pipeline_ms']:.1f}",
+                     f"{max(v['max_abs_diff_vs_onnxruntime'].values()):.2e}", f"{v['max_abs_diff_vs_uncombined']:.1e}"])
+    lines.append(table(rows, ["program", "sends", "recvs", "bytes per send", "compile s", "pipeline ms",
+                              "max |diff| vs ORT", "vs uncombined"]))
+    o = report["overlap"]
+    lines.append(f"\nno overlap would take ~{o['sequential_estimate_ms']:.1f} ms (micro-batches x sum of stages); "
+                 f"an ideal pipeline ~{o['ideal_pipeline_ms']:.1f} ms")
+    for name, v in report["variants"].items():
+        for note in v["notes"]:
+            lines.append(f"{name}: {note}")
+    lines.append("OK: every equality holds" if report["ok"] else "FAILED: " + "; ".join(report["failures"]))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tvm_combiners.examples.pipeline_bert", description=__doc__.splitlines()[0])
+    d = Config()
+    parser.add_argument("--seq", type=int, default=d.seq)
+    parser.add_argument("--micro-batch", type=int, default=d.micro_batch, help="rows per micro-batch")
+    parser.add_argument("--micro-batches", type=int, default=d.micro_batches)
+    parser.add_argument("--repeat", type=int, default=d.repeat, help="timed runs (median)")
+    parser.add_argument("--opt-level", type=int, choices=range(4), default=d.opt_level,
+                        help="LLVM optimization level (0 compiles much faster)")
+    parser.add_argument("--json", action="store_true", help="one JSON document on rank 0's stdout")
+    args = parser.parse_args(argv)
+    if args.micro_batches < 2:
+        parser.error("--micro-batches must be at least 2 (so stages overlap)")
+    cfg = Config(seq=args.seq, micro_batch=args.micro_batch, micro_batches=args.micro_batches, repeat=args.repeat,
+                 opt_level=args.opt_level)
+    from .report import finish
+
+    return finish(run(cfg), render, args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
