@@ -103,7 +103,47 @@ def _run(args: argparse.Namespace) -> int:
 def _load_launch() -> tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]:
     # the module, not the package's ``launch`` function of the same name
     launch = importlib.import_module("tvm_combiners.collectives.runtime.launch")
-    return launch.add_arguments, launch.main
+    from .examples import EXAMPLES
+
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        launch.add_arguments(parser)
+        parser.add_argument("--example", choices=list(EXAMPLES), default=None,
+                            help="run a packaged example on the N ranks (options after '--' go to the example)")
+        parser.add_argument("--json", action="store_true",
+                            help="with --example: the job's report as one JSON document on stdout")
+
+    return add_arguments, lambda args: _launch(args, launch.main)
+
+
+def _launch(args: argparse.Namespace, run_job: Callable[[argparse.Namespace], int]) -> int:
+    """``launch``: a command, or ``--example NAME`` whose rank 0 reports (as JSON with ``--json``)."""
+    import tempfile
+
+    from .examples import example_command
+
+    extra = args.argv[1:] if args.argv[:1] == ["--"] else list(args.argv)
+    if args.example is None:
+        if args.json:
+            line = "launch: --json needs --example (a command's output is its own)"
+            return _error(args, line, 2, {"file": None, "stage": "setup", "message": line, "bad_input": True})
+        return run_job(args)
+    if extra and not extra[0].startswith("-"):
+        line = (f"launch: --example {args.example} runs the example itself: after '--' give only its options "
+                f"(e.g. -- --help), not a command ({extra[0]!r})")
+        return _error(args, line, 2, {"file": None, "stage": "setup", "message": line, "bad_input": True})
+    with tempfile.TemporaryDirectory(prefix="tvm-combiners-example-") as folder:
+        json_out = os.path.join(folder, "report.json") if args.json else None
+        args.argv = example_command(args.example, extra, json_out)
+        code = run_job(args)
+        if json_out is None:
+            return code
+        if not os.path.exists(json_out):
+            line = f"launch --example {args.example}: the job ended (exit code {code}) before rank 0 wrote its report"
+            return _error(args, line, code or 1, {"file": None, "stage": "launch", "message": line, "bad_input": False})
+        with open(json_out) as f:
+            sys.stdout.write(f.read().rstrip("\n") + "\n")
+        sys.stdout.flush()
+    return code
 
 
 #: Subcommands by name. A new one (or new options of one) is an entry here and its module's
@@ -111,7 +151,8 @@ def _load_launch() -> tuple[Callable[[argparse.ArgumentParser], None], Callable[
 COMMANDS: dict[str, Command] = {
     "run": Command("import an ONNX model, combine parallel ops, compile, run and report",
                    lambda: (_add_run_arguments, _run)),
-    "launch": Command("run a command on N MPI ranks with a timeout (python programs under mpi4py)", _load_launch),
+    "launch": Command("run a command (or --example dp-train|pipeline-bert) on N MPI ranks with a timeout "
+                      "(python programs under mpi4py)", _load_launch),
 }
 
 

@@ -446,7 +446,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="LLVM optimization level (0 compiles much faster)")
     parser.add_argument("--threshold-bytes", type=int, default=None,
                         help="AllReduceCombiner's bucket size (default: the pass's, 30 MiB)")
-    parser.add_argument("--json", action="store_true", help="one JSON document on rank 0's stdout")
+    from .report import add_output_options
+
+    add_output_options(parser)
     args = parser.parse_args(argv)
     if args.hidden % args.heads:
         parser.error(f"--hidden {args.hidden} must be divisible by --heads {args.heads}")
@@ -455,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
                  repeat=args.repeat, opt_level=args.opt_level)
     from .report import finish
 
-    return finish(run(cfg, args.threshold_bytes), render, args.json)
+    return finish(run(cfg, args.threshold_bytes), render, args.json, args.json_out)
 
 
 if __name__ == "__main__":

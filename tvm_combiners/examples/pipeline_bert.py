@@ -402,7 +402,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=d.repeat, help="timed runs (median)")
     parser.add_argument("--opt-level", type=int, choices=range(4), default=d.opt_level,
                         help="LLVM optimization level (0 compiles much faster)")
-    parser.add_argument("--json", action="store_true", help="one JSON document on rank 0's stdout")
+    from .report import add_output_options
+
+    add_output_options(parser)
     args = parser.parse_args(argv)
     if args.micro_batches < 2:
         parser.error("--micro-batches must be at least 2 (so stages overlap)")
@@ -410,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
                  opt_level=args.opt_level)
     from .report import finish
 
-    return finish(run(cfg), render, args.json)
+    return finish(run(cfg), render, args.json, args.json_out)
 
 
 if __name__ == "__main__":

@@ -99,15 +99,21 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def finish(report: dict[str, Any], render: Callable[[dict[str, Any]], str], as_json: bool) -> int:
+def finish(report: dict[str, Any], render: Callable[[dict[str, Any]], str], as_json: bool,
+           json_out: str | None = None) -> int:
     """Rank 0 prints the job's report (one JSON document, or text); every rank returns the exit code.
 
     ``report["ok"]`` decides the code (1 when an equality failed), agreed on by all ranks.
+    ``json_out``: write the JSON document to that file instead (``tvm-combiners launch --json``
+    prints it, or an error document when the job ended before writing it).
     """
     c = comm()
     ok = bool(c.bcast(report.get("ok", False) if c.Get_rank() == 0 else None, root=0))
     if c.Get_rank() == 0:
-        if as_json:
+        if json_out:
+            with open(json_out, "w") as f:
+                json.dump(_finite(report), f, indent=2)
+        elif as_json:
             print(json.dumps(_finite(report), indent=2), flush=True)
         else:
             print(render(report), flush=True)
@@ -123,3 +129,8 @@ def table(rows: list[list[Any]], header: list[str]) -> str:
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def add_output_options(parser: Any) -> None:
+    parser.add_argument("--json", action="store_true", help="one JSON document on rank 0's stdout")
+    parser.add_argument("--json-out", default=None, metavar="FILE", help="write the JSON document to FILE (rank 0)")
