@@ -89,9 +89,9 @@ def rank_main(quick: bool) -> None:
             np.testing.assert_array_equal(a.numpy(), b.numpy())
         calls = 20 if quick else 200 if count * nbytes <= 1 << 20 else 30
         batches = 3 if quick else 7
-        t_before = _time(comm, lambda: before(*args), calls, batches)
-        t_after = _time(comm, lambda: after(*args), calls, batches)
-        t_one = _time(comm, lambda: single(*one_args), calls, batches)
+        t_before = _time(comm, lambda f=before, a=args: f(*a), calls, batches)
+        t_after = _time(comm, lambda f=after, a=args: f(*a), calls, batches)
+        t_one = _time(comm, lambda f=single, a=one_args: f(*a), calls, batches)
         rows.append((name, t_before, t_after, t_one))
     if comm.Get_rank() == 0:
         print(f"2 ranks, llvm, Relax VM, median us per call (slower rank); {'quick' if quick else 'full'} run")

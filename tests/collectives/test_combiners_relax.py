@@ -1,0 +1,345 @@
+"""Relax collective combiners on one rank: structure, thresholds, keys, options, and results.
+
+Multi-rank equality lives in test_combiners_multirank.py; here the passes run in this process
+(world size 1, where the runtime starts lazily) so many modules can be compiled and compared.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tvm import relax
+
+import tvm_combiners.collectives.runtime  # noqa: F401 - registers the runtime functions
+from tvm_combiners.collectives import relax as CR
+from tvm_combiners.collectives.combiners import CombineReport
+from tvm_combiners.collectives.combiners import relax as CB
+from tvm_combiners.collectives.combiners.keys import plan_pack
+
+_spec = importlib.util.spec_from_file_location("combiners_cases", Path(__file__).parent / "progs" / "combiners_cases.py")
+C = importlib.util.module_from_spec(_spec)
+sys.modules["combiners_cases"] = C
+_spec.loader.exec_module(C)
+
+ONE = [[0]]  # the group of a one-rank world
+
+
+def _fn(params, body, pure=False) -> tvm.IRModule:
+    xs = [relax.Var(f"x{i}", relax.TensorType(s, d)) for i, (s, d) in enumerate(params)]
+    bb = relax.BlockBuilder()
+    with bb.function("main", xs, pure=pure):
+        bb.emit_func_output(relax.Tuple(body(bb, xs)))
+    return bb.get()
+
+
+def _count(mod, *names) -> int:
+    return C.count_ops(mod, tuple("collectives." + n for n in names))
+
+
+def _reports(pass_factory, mod, **kw) -> tuple[tvm.IRModule, list[CombineReport]]:
+    got: list[CombineReport] = []
+    return pass_factory(on_combine=got.append, **kw)(mod), got
+
+
+def _same_results(before, after, args) -> None:
+    for a, b in zip(C.compile_and_run(before, args), C.compile_and_run(after, args), strict=True):
+        np.testing.assert_array_equal(b, a)
+
+
+def _args(params, salt=0):
+    return [C.data(0, s, d, salt + i) for i, (s, d) in enumerate(params)]
+
+
+# --------------------------------------------------------------------------- grouping
+
+
+def test_chain_stays_two_and_skip_ahead_joins():
+    params = [((4, 6), "float32"), ((4, 6), "float32"), ((3,), "float32")]
+
+    def body(bb, xs):
+        a = bb.emit(CR.allreduce(xs[0]))
+        b = bb.emit(relax.op.add(a, xs[1]))
+        c = bb.emit(CR.allreduce(b))  # depends on a: never in a's group
+        d = bb.emit(CR.allreduce(xs[2]))  # independent, after the dependent c: joins a
+        return [a, c, d]
+
+    mod = _fn(params, body)
+    new, reports = _reports(CB.AllReduceCombiner, mod)
+    assert _count(mod, "allreduce") == 3 and _count(new, "allreduce") == 2
+    assert [(r.kind, r.num_ops, r.nbytes) for r in reports] == [("allreduce", 2, 96 + 12)]
+    assert reports[0].key == ("allreduce", "sum", None, "float32")
+    relax.analysis.well_formed(new)
+    _same_results(mod, new, _args(params))
+
+
+def _allreduces(sizes):
+    params = [((s,), "float32") for s in sizes]
+    return _fn(params, lambda bb, xs: [bb.emit(CR.allreduce(x)) for x in xs]), params
+
+
+def test_byte_threshold_is_exact():
+    mod, _ = _allreduces([48, 1, 1])  # 192, 4 and 4 bytes
+    _, at = _reports(CB.AllReduceCombiner, mod, threshold_bytes=196)  # 192 + 4 fills it exactly
+    assert [(r.num_ops, r.nbytes) for r in at] == [(2, 196)]
+    _, over = _reports(CB.AllReduceCombiner, mod, threshold_bytes=195)  # one byte short: 192 stays alone
+    assert [(r.num_ops, r.nbytes) for r in over] == [(2, 8)]
+    _, alone = _reports(CB.AllReduceCombiner, mod, threshold_bytes=191)  # the 192-byte op is too large itself
+    assert [(r.num_ops, r.nbytes) for r in alone] == [(2, 8)]
+    new, exact = _reports(CB.AllReduceCombiner, _allreduces([48, 48])[0], threshold_bytes=384)
+    assert [(r.num_ops, r.nbytes) for r in exact] == [(2, 384)] and _count(new, "allreduce") == 1
+
+
+def test_count_threshold_is_exact():
+    mod, _ = _allreduces([2] * 5)
+    assert [r.num_ops for r in _reports(CB.AllReduceCombiner, mod, threshold_count=2)[1]] == [2, 2]
+    assert [r.num_ops for r in _reports(CB.AllReduceCombiner, mod, threshold_count=4)[1]] == [4]
+    assert [r.num_ops for r in _reports(CB.AllReduceCombiner, mod, threshold_count=5)[1]] == [5]
+
+
+@pytest.mark.parametrize("kw", [{"threshold_bytes": 0}, {"threshold_bytes": -1}, {"threshold_count": 0},
+                                {"threshold_count": 1}])
+def test_threshold_at_or_below_zero_disables(kw):
+    mod, _ = _allreduces([4, 4, 4])
+    assert CB.CombineCollectives(**kw)(mod).same_as(mod)
+
+
+def test_mixed_keys_stay_apart():
+    params = [((4,), "float32"), ((4,), "float32"), ((4,), "int32"), ((4,), "int32"), ((6,), "float32")]
+
+    def body(bb, xs):
+        return [
+            bb.emit(CR.allreduce(xs[0], "sum")), bb.emit(CR.allreduce(xs[1], "max")),   # reductions differ
+            bb.emit(CR.allreduce(xs[2], "sum")), bb.emit(CR.allreduce(xs[3], "sum")),   # int32 pair: one group
+            bb.emit(CR.allreduce(xs[4], "sum", group=ONE)),                              # groups differ
+            bb.emit(CR.allgather(xs[0], group=ONE)), bb.emit(CR.allgather(xs[2], group=ONE)),  # mixed dtypes: ok
+            bb.emit(CR.reduce_scatter(xs[0], group=ONE)), bb.emit(CR.reduce_scatter(xs[2], group=ONE)),  # never
+        ]
+
+    mod = _fn(params, body)
+    new, reports = _reports(CB.CombineCollectives, mod)
+    assert sorted((r.kind, r.num_ops) for r in reports) == [("allgather", 2), ("allreduce", 2)]
+    assert _count(new, "allreduce") == 4 and _count(new, "allgather") == 1 and _count(new, "reduce_scatter") == 2
+    _same_results(mod, new, _args(params))
+
+
+def test_combine_by_dim():
+    params = [((2, 3), "float32"), ((2, 3), "float32")]
+    body = lambda bb, xs: [bb.emit(CR.allgather(xs[0], axis=0, group=ONE)),  # noqa: E731
+                           bb.emit(CR.allgather(xs[1], axis=1, group=ONE)),
+                           bb.emit(CR.reduce_scatter(xs[0], axis=0, group=ONE)),
+                           bb.emit(CR.reduce_scatter(xs[1], axis=1, group=ONE))]
+    mod = _fn(params, body)
+    assert _reports(CB.CombineCollectives, mod)[1] == []
+    new, reports = _reports(CB.CombineCollectives, mod, combine_by_dim=False)
+    assert sorted((r.kind, r.num_ops) for r in reports) == [("allgather", 2), ("reduce_scatter", 2)]
+    _same_results(mod, new, _args(params))
+
+
+def test_each_pass_combines_only_its_kind():
+    mod, inputs = C.collectives(2)
+    kinds = ("allreduce", "allgather", "reduce_scatter")
+    before = [_count(mod, k) for k in kinds]
+    for factory, kind in ((CB.AllReduceCombiner, "allreduce"), (CB.AllGatherCombiner, "allgather"),
+                          (CB.ReduceScatterCombiner, "reduce_scatter")):
+        new, reports = _reports(factory, mod)
+        assert reports and {r.kind for r in reports} == {kind}
+        after = [_count(new, k) for k in kinds]
+        assert [a < b if k == kind else a == b for a, b, k in zip(after, before, kinds)] == [True, True, True]
+
+
+def test_unknown_effect_is_a_barrier():
+    params = [((4,), "float32"), ((4,), "float32"), ((4,), "float32")]
+
+    def body(bb, xs):
+        a = bb.emit(CR.allreduce(xs[0]))
+        bb.emit(relax.Call(relax.ExternFunc("vm.builtin.null_value"), [], ty_args=[relax.ObjectType()]))
+        return [a, bb.emit(CR.allreduce(xs[1])), bb.emit(CR.allreduce(xs[2]))]
+
+    new, reports = _reports(CB.AllReduceCombiner, _fn(params, body))
+    assert [r.num_ops for r in reports] == [2]  # the two after the effect, never across it
+    calls = [b.value for blk in new["main"].body.blocks for b in blk.bindings]
+    effect = next(i for i, c in enumerate(calls) if isinstance(c, relax.Call) and isinstance(c.op, relax.ExternFunc))
+    assert any(CR.is_collective(c, ("allreduce",)) for c in calls[:effect])
+
+
+# --------------------------------------------------------------------------- ccl, send/recv
+
+
+def test_ccl_ops_combined_in_and_out_of_dataflow():
+    mod, inputs = C.ccl(1)
+    new, reports = _reports(CB.CombineCollectives, mod)
+    assert sorted((r.kind, r.num_ops) for r in reports) == [("ccl.allgather", 2)] + [("ccl.allreduce", 2)] * 3
+    assert C.count_ops(new, ("ccl.allreduce",)) == 4 and C.count_ops(new, ("ccl.allgather",)) == 1
+    assert isinstance(new["main"].body.blocks[0], relax.DataflowBlock)  # the dataflow block stays one
+    _same_results(mod, new, inputs(0))
+
+
+def _channels(mod, kind):
+    out = []
+    relax.analysis.post_order_visit(mod["main"].body, lambda e: out.append(CR.info(e)) if CR.is_collective(e, (kind,)) else None)
+    return sorted(s.channel_id for s in out)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_send_recv_pairs_and_channels(n):
+    mod, _ = C.p2p(n)
+    new, reports = _reports(CB.SendRecvCombiner, mod)
+    # ring (+ the swap, which equals the 2-rank ring) and the partial pairs travel as one each;
+    # the second ring hop reads the first hop's recv, so it stays apart.
+    assert sorted(r.num_ops for r in reports) == ([2, 3] if n == 2 else [2, 2])
+    assert _channels(new, "send") == _channels(new, "recv")  # every send still has its recv
+    used = set(_channels(mod, "send"))
+    fresh = sorted(set(_channels(new, "send")) - used)
+    assert fresh == sorted(c for c in range(len(fresh) + len(used)) if c not in used)[: len(fresh)]
+    CR.OrderSendRecv()(new)  # matches, in a deadlock-free order
+
+
+def test_send_recv_different_pairs_or_host_stay_apart():
+    params = [((4,), "float32"), ((4,), "float32"), ((4,), "float32")]
+
+    def body(bb, xs):
+        bb.emit(CR.send(xs[0], [[0, 0]], channel_id=0))
+        bb.emit(CR.send(xs[1], [[0, 0]], channel_id=1, is_host_transfer=True))
+        bb.emit(CR.send(xs[2], [[0, 0]], channel_id=2))
+        return [bb.emit(CR.recv((4,), "float32", [[0, 0]], channel_id=c, is_host_transfer=c == 1)) for c in range(3)]
+
+    mod = _fn(params, body)
+    new, reports = _reports(CB.SendRecvCombiner, mod)
+    assert [r.num_ops for r in reports] == [2] and _count(new, "send") == 2
+    _same_results(mod, new, _args(params))
+
+
+def test_self_dependent_transfers_stay_apart():
+    params = [((4,), "float32")]
+
+    def body(bb, xs):
+        bb.emit(CR.send(xs[0], [[0, 0]], channel_id=0))
+        r = bb.emit(CR.recv((4,), "float32", [[0, 0]], channel_id=0))
+        bb.emit(CR.send(r, [[0, 0]], channel_id=1))  # its payload is the first recv
+        return [r, bb.emit(CR.recv((4,), "float32", [[0, 0]], channel_id=1))]
+
+    mod = _fn(params, body)
+    assert CB.SendRecvCombiner()(mod).same_as(mod)
+
+
+# --------------------------------------------------------------------------- passes
+
+
+@pytest.mark.parametrize("case", sorted(C.CASES))
+def test_idempotent_and_results_equal_one_rank(case):
+    mod, inputs = C.CASES[case](1)
+    once = CB.CombineCollectives(combine_by_dim=False)(mod)
+    assert not once.same_as(mod)
+    twice = CB.CombineCollectives(combine_by_dim=False)(once)
+    assert tvm_ffi.structural_equal(once, twice)
+    relax.analysis.well_formed(once)
+    _same_results(mod, once, inputs(0))
+
+
+def test_pass_names_sequential_disabled_and_compile():
+    mod, inputs = C.collectives(1)
+    for name in ("AllReduceCombiner", "AllGatherCombiner", "ReduceScatterCombiner", "SendRecvCombiner", "CombineCollectives"):
+        p = getattr(CB, name)()
+        assert p.info.name == name
+        with tvm.transform.PassContext(disabled_pass=[name]):
+            assert tvm.transform.Sequential([p])(mod).same_as(mod)
+    seq = tvm.transform.Sequential([CB.AllReduceCombiner(), CB.AllGatherCombiner()])
+    assert _count(seq(mod), "allreduce") < _count(mod, "allreduce")
+    ex = tvm.compile(mod, target="llvm", relax_pipeline=CR.pipeline("llvm", before=[CB.CombineCollectives()]))
+    got = C.flatten(relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in inputs(0)]))
+    for a, b in zip(C.compile_and_run(mod, inputs(0)), got, strict=True):
+        np.testing.assert_array_equal(b, a)
+
+
+@pytest.mark.parametrize(("kw", "message"), [
+    ({"threshold_bytes": "1"}, "AllGatherCombiner: threshold_bytes must be an int (<= 0 disables the pass), got str '1'"),
+    ({"threshold_count": 2.0}, "AllGatherCombiner: threshold_count must be an int (<= 0 disables the pass), got float 2.0"),
+    ({"threshold_bytes": True}, "AllGatherCombiner: threshold_bytes must be an int (<= 0 disables the pass), got bool True"),
+    ({"combine_by_dim": 1}, "AllGatherCombiner: combine_by_dim must be a bool, got int 1"),
+    ({"on_combine": 3}, "AllGatherCombiner: on_combine must be callable or None, got int"),
+])
+def test_option_validation(kw, message):
+    with pytest.raises(TypeError) as err:
+        CB.AllGatherCombiner(**kw)
+    assert str(err.value) == message
+
+
+# --------------------------------------------------------------------------- layouts
+
+
+def test_pack_plans():
+    rs = plan_pack("reduce_scatter", [((2, 6, 3), "float32", 1), ((4,), "float32", 0)], group_size=2)
+    assert (rs.block, rs.blocks_in, rs.blocks_out) == (18 + 2, 2, 1)
+    assert [(s.offset, s.chunk, s.result_shape) for s in rs.segments] == [(0, 18, (2, 3, 3)), (18, 2, (2,))]
+    mixed = plan_pack("allgather", [((3,), "float16", 0), ((1,), "int32", 0)], group_size=3)
+    assert mixed.flat_dtype == "uint8" and [s.offset for s in mixed.segments] == [0, 2]  # 8-byte aligned
+    assert (mixed.block, mixed.out_len) == (16, 48)
+    with pytest.raises(ValueError, match="reduce_scatter: combined ops must share one dtype"):
+        plan_pack("reduce_scatter", [((2,), "float32", 0), ((2,), "int32", 0)], group_size=2)
+
+
+# --------------------------------------------------------------------------- generated DAGs
+
+
+@st.composite
+def programs(draw):
+    """Random collectives and compute with random dependencies (all at world size 1)."""
+    shapes = [(4,), (2, 3), (3, 2)]
+    n_params = draw(st.integers(1, 3))
+    params = [(shapes[draw(st.integers(0, 2))], draw(st.sampled_from(["float32", "int32"]))) for _ in range(n_params)]
+    steps = draw(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 10**6), st.integers(0, 10**6)), min_size=2, max_size=14))
+    return params, steps
+
+
+def _build(params, steps):
+    def body(bb, xs):
+        values = list(xs)
+        outs = []
+        channel = 0
+        for kind, i, j in steps:
+            x = values[i % len(values)]
+            ty = x.ty
+            shape, dtype = tuple(int(d) for d in ty.shape), str(ty.dtype)
+            if kind == 0:
+                v = bb.emit(CR.allreduce(x, "sum" if j % 2 else "max"))
+            elif kind == 1:
+                v = bb.emit(CR.allgather(x, axis=j % len(shape), group=ONE))
+            elif kind == 2:
+                v = bb.emit(CR.reduce_scatter(x, axis=j % len(shape), group=ONE))
+            elif kind == 3:  # compute on two values of one type: a dependency
+                y = next((w for w in values[j % len(values):] + values if str(w.ty) == str(ty)), x)
+                v = bb.emit(relax.op.add(x, y))
+            elif kind == 4:
+                tok = bb.emit(CR.send(x, [[0, 0]], channel_id=channel))
+                v = bb.emit(CR.recv(shape, dtype, [[0, 0]], channel_id=channel, token=tok if j % 2 else None))
+                channel += 1
+            elif kind == 5:
+                v = bb.emit(relax.op.ccl.allreduce(x, "sum", True))
+            else:
+                v = bb.emit(relax.op.ccl.allgather(x, 1, True)) if shape else x
+            values.append(v)
+            outs.append(v)
+        return outs
+
+    return _fn(params, body)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(programs(), st.sampled_from([(30 * 2**20 + 7, 256, True), (40, 2, False), (64, 3, True)]))
+def test_generated_programs_keep_results(program, limits):
+    params, steps = program
+    mod = _build(params, steps)
+    threshold_bytes, threshold_count, by_dim = limits
+    new = CB.CombineCollectives(threshold_bytes=threshold_bytes, threshold_count=threshold_count, combine_by_dim=by_dim)(mod)
+    relax.analysis.well_formed(new)  # every variable defined before use: no cycle was built
+    names = ("allreduce", "allgather", "reduce_scatter", "send", "recv")
+    assert all(_count(new, k) <= _count(mod, k) for k in names)
+    _same_results(mod, new, _args(params, salt=len(steps)))
