@@ -1,0 +1,311 @@
+"""Relay adapter of the collective combiners: IR -> neutral graph -> groups -> IR.
+
+Relay is a pure dataflow graph: a function body in post-order (the executors' order) is the
+region, each expression a node reading its operands. Groups come from the same planner as Relax
+(:mod:`.planning`). Packing is plain Relay that ``FuseOps`` turns into one kernel: ``reshape`` /
+``transpose`` of every operand into its block layout (:mod:`.keys`) and one ``concatenate``;
+unpacking is one ``split`` (plus the allgather reorder), also fused. ``concatenate`` cannot mix
+dtypes, so in Relay allgathers and transfers of different dtypes stay apart.
+
+Sends and recvs: :func:`~tvm_combiners.collectives.relay.OrderSendRecv` runs first, so every recv
+depends on its matched send through tokens; matches are read the way that pass reads them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Hashable
+from typing import Any
+
+import tvm
+from tvm import relay
+
+from ...core.graph import Graph, ir_dtype_bits
+from .. import relay as CRL
+from .. import spec as S
+from ..ordering import plan_send_recv_order
+from .keys import (
+    DEFAULT_THRESHOLD_BYTES,
+    DEFAULT_THRESHOLD_COUNT,
+    PackPlan,
+    collective_key,
+    pass_kind_of_key,
+    plan_pack,
+    renumber_channels,
+    transfer_key,
+)
+from .options import CombinerOptions, make_options
+from .planning import plan_region
+
+_DTYPE_BITS = ir_dtype_bits(tvm.DataType)
+
+
+def _static(ty: Any) -> tuple[tuple[int, ...], str] | None:
+    if not isinstance(ty, relay.TensorType):
+        return None
+    dims = []
+    for d in ty.shape:
+        if not isinstance(d, tvm.tir.IntImm):
+            return None
+        dims.append(int(d))
+    return tuple(dims), str(ty.dtype)
+
+
+@dataclasses.dataclass
+class _Op:
+    family: str
+    key: Hashable
+    shape: tuple[int, ...]
+    dtype: str
+    spec: S.CollectiveSpec
+    call: relay.Call
+
+
+def _classify(expr: Any, opts: CombinerOptions) -> _Op | None:
+    spec = CRL.info(expr)
+    if spec is None or spec.kind == "after_all":
+        return None
+    if spec.kind == "recv":
+        assert spec.shape is not None and spec.dtype is not None
+        return _Op("recv", (transfer_key(spec), spec.dtype), spec.shape, spec.dtype, spec, expr)
+    payload = _static(expr.args[0].checked_type)
+    if payload is None:
+        return None
+    if spec.kind == "send":
+        return _Op("send", (transfer_key(spec), payload[1]), *payload, spec, expr)
+    key = collective_key(spec, payload[1], opts.combine_by_dim)
+    if spec.kind == "allgather":
+        key = (*key, payload[1])  # Relay's concatenate cannot mix dtypes
+    return _Op(spec.kind, key, *payload, spec, expr)
+
+
+def _family_enabled(op: _Op, opts: CombinerOptions) -> bool:
+    family = "send_recv" if op.family in ("send", "recv") else pass_kind_of_key(op.key)
+    return family in opts.families
+
+
+def _reads(e: Any, bound: dict) -> list[Any]:
+    if isinstance(e, relay.Call):
+        return list(e.args) + ([e.op] if not isinstance(e.op, tvm.ir.Op) else [])
+    if isinstance(e, relay.Tuple):
+        return list(e.fields)
+    if isinstance(e, relay.TupleGetItem):
+        return [e.tuple_value]
+    if isinstance(e, relay.Let):
+        return [e.value, e.body]
+    if isinstance(e, relay.If):
+        return [e.cond, e.true_branch, e.false_branch]
+    if isinstance(e, relay.Var) and e in bound:
+        return [bound[e]]
+    return []
+
+
+# --------------------------------------------------------------------------- pack / unpack in Relay
+
+
+def _pack(plan: PackPlan, operands: list[relay.Expr]) -> relay.Expr:
+    parts = []
+    for seg, x in zip(plan.segments, operands):
+        if plan.kind == "reduce_scatter":
+            n = plan.blocks_in
+            c = seg.extent // n * seg.inner
+            x = relay.reshape(relay.transpose(relay.reshape(x, (seg.outer, n, c)), (1, 0, 2)), (n, seg.outer * c))
+        else:
+            x = relay.reshape(x, (seg.size,))
+        parts.append(x)
+    if plan.kind == "reduce_scatter":
+        return relay.reshape(relay.concatenate(parts, axis=1), (plan.in_len,))
+    return relay.concatenate(parts, axis=0)
+
+
+def _unpack(plan: PackPlan, flat: relay.Expr) -> list[relay.Expr]:
+    cuts = [seg.offset for seg in plan.segments[1:]]
+    if plan.kind == "allgather":
+        n = plan.blocks_out
+        pieces = relay.split(relay.reshape(flat, (n, plan.block)), cuts, axis=1).astuple()
+        out = []
+        for i, seg in enumerate(plan.segments):
+            c = seg.extent * seg.inner
+            piece = relay.TupleGetItem(pieces, i)
+            out.append(relay.reshape(relay.transpose(relay.reshape(piece, (n, seg.outer, c)), (1, 0, 2)), seg.result_shape))
+        return out
+    pieces = relay.split(flat, cuts, axis=0).astuple()
+    return [relay.reshape(relay.TupleGetItem(pieces, i), seg.result_shape) for i, seg in enumerate(plan.segments)]
+
+
+def _token_of(calls: list[relay.Expr]) -> relay.Expr:
+    tokens: list[relay.Expr] = []
+    for tok in calls:
+        if not isinstance(tok, relay.Constant) and not any(tok.same_as(t) for t in tokens):
+            tokens.append(tok)
+    if not tokens:
+        return CRL.token()
+    return tokens[0] if len(tokens) == 1 else CRL.after_all(*tokens)
+
+
+class _Rewrite(relay.ExprMutator):
+    """Replace every member of a group by its piece of the combined op (built once per group)."""
+
+    def __init__(self, groups: list[tuple[str, list[_Op], int | None]], opts: CombinerOptions) -> None:
+        super().__init__()
+        self.opts = opts
+        self.groups = groups
+        self.member: dict[Any, tuple[int, int]] = {}
+        for g, (_, ops, _) in enumerate(groups):
+            for i, op in enumerate(ops):
+                self.member[op.call] = (g, i)
+        self.built: dict[int, list[relay.Expr]] = {}
+
+    def visit_call(self, call: relay.Call) -> relay.Expr:
+        where = self.member.get(call)
+        if where is None:
+            return super().visit_call(call)
+        g, i = where
+        if g not in self.built:
+            self.built[g] = self._build(*self.groups[g])
+        return self.built[g][i]
+
+    def _build(self, role: str, ops: list[_Op], channel: int | None) -> list[relay.Expr]:
+        first = ops[0]
+        if role in ("send", "recv"):
+            plan = plan_pack("send_recv", [(op.shape, op.dtype, 0) for op in ops])
+            if role == "send":
+                self.opts.report("send_recv", len(ops), plan.total_bytes, first.key)
+                tok = _token_of([self.visit(op.call.args[1]) for op in ops])
+                packed = _pack(plan, [self.visit(op.call.args[0]) for op in ops])
+                done = CRL._call(dataclasses.replace(first.spec, channel_id=channel), [packed, tok])
+                return [done] * len(ops)
+            tok = _token_of([self.visit(op.call.args[0]) for op in ops])
+            spec = dataclasses.replace(first.spec, channel_id=channel, shape=(plan.in_len,), dtype=plan.flat_dtype)
+            return _unpack(plan, CRL._call(spec, [tok]))
+        axis = first.spec.axis
+        plan = plan_pack(first.family, [(op.shape, op.dtype, op.spec.axis or 0) for op in ops], first.spec.group_size or 1)
+        self.opts.report(first.family, len(ops), plan.total_bytes, first.key)
+        packed = _pack(plan, [self.visit(op.call.args[0]) for op in ops])
+        combined = CRL._call(dataclasses.replace(first.spec, axis=None if axis is None else 0), [packed])
+        return _unpack(plan, combined)
+
+
+class _Channels:
+    """Fresh channel ids (the smallest unused), handed out in program order: the same on every rank."""
+
+    def __init__(self, used: list[int]) -> None:
+        self._used = set(used)
+
+    def take(self) -> int:
+        (channel,) = renumber_channels(sorted(self._used), 1)
+        self._used.add(channel)
+        return channel
+
+
+def _combine_function(func: relay.Function, opts: CombinerOptions, channels: _Channels) -> relay.Function:
+    exprs: list[Any] = []
+    relay.analysis.post_order_visit(func.body, exprs.append)
+    index = {e: i for i, e in enumerate(exprs)}
+    bound = {e.var: e.value for e in exprs if isinstance(e, relay.Let)}
+    graph = Graph(dtype_bits=_DTYPE_BITS)
+    ops: list[_Op | None] = []
+    for e in exprs:
+        op = _classify(e, opts)
+        if op is not None and not _family_enabled(op, opts):
+            op = None
+        deps = tuple(sorted({index[r] for r in _reads(e, bound) if r in index}))
+        graph.add(op="expr", operands=(), deps=deps, shape=op.shape if op else None, dtype=op.dtype if op else None)
+        ops.append(op)
+    transfers: list[tuple[int, int, Hashable]] = []
+    if any(op is not None and op.family in ("send", "recv") for op in ops):
+        _, nodes = CRL._graph(func.body)  # the order view OrderSendRecv matches with (same post-order)
+        plan = plan_send_recv_order(nodes, "combiner")
+        for s, r in plan.matches:
+            if ops[s] is not None and ops[r] is not None and ops[s].key == ops[r].key and s < r:
+                transfers.append((s, r, ops[s].key))
+        transfers.sort()
+    keys = [op.key if op is not None and op.family not in ("send", "recv") else None for op in ops]
+    region = plan_region(graph, keys, transfers, opts.threshold_bytes, opts.threshold_count)
+    if not region.changed:
+        return func
+    groups: list[tuple[str, list[_Op], int | None]] = [("collective", [ops[m] for m in g], None) for g in region.groups]
+    for sends, recvs in region.transfers:
+        channel = channels.take()
+        groups.append(("send", [ops[m] for m in sends], channel))
+        groups.append(("recv", [ops[m] for m in recvs], channel))
+    body = _Rewrite(groups, opts).visit(func.body)
+    return relay.Function(func.params, body, None, func.type_params, func.attrs, func.span)
+
+
+def _used_channels(mod: tvm.IRModule) -> list[int]:
+    used: list[int] = []
+
+    def visit(e: Any) -> None:
+        spec = CRL.info(e)
+        if spec is not None and spec.channel_id is not None:
+            used.append(spec.channel_id)
+
+    for _, func in mod.functions.items():
+        if isinstance(func, relay.Function):
+            relay.analysis.post_order_visit(func.body, visit)
+    return used
+
+
+def _combine_module(mod: tvm.IRModule, opts: CombinerOptions) -> tvm.IRModule:
+    if not opts.enabled:
+        return mod
+    if "send_recv" in opts.families:
+        mod = CRL.OrderSendRecv()(mod)
+    mod = relay.transform.InferType()(mod)
+    channels = _Channels(_used_channels(mod))
+    updates = {}
+    for gv, func in mod.functions.items():
+        if isinstance(func, relay.Function):
+            new = _combine_function(func, opts, channels)
+            if not new.same_as(func):
+                updates[gv] = new
+    if not updates:
+        return mod
+    new_mod = tvm.IRModule(dict(mod.functions.items()), mod.type_definitions, attrs=mod.attrs)
+    for gv, func in updates.items():
+        new_mod[gv] = func
+    return relay.transform.InferType()(new_mod)
+
+
+def _make(pass_name: str, threshold_bytes: int, threshold_count: int, on_combine: Any,
+          combine_by_dim: bool = True) -> tvm.transform.Pass:
+    opts = make_options(pass_name, threshold_bytes, threshold_count, on_combine, combine_by_dim)
+
+    def transform(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        return _combine_module(mod, opts)
+
+    return tvm.transform.module_pass(transform, opt_level=0, name=pass_name)
+
+
+def AllReduceCombiner(threshold_bytes: int = DEFAULT_THRESHOLD_BYTES, threshold_count: int = DEFAULT_THRESHOLD_COUNT,  # noqa: N802
+                      on_combine: Any = None) -> tvm.transform.Pass:
+    """Combine independent allreduces of one key into one each."""
+    return _make("AllReduceCombiner", threshold_bytes, threshold_count, on_combine)
+
+
+def AllGatherCombiner(threshold_bytes: int = DEFAULT_THRESHOLD_BYTES, threshold_count: int = DEFAULT_THRESHOLD_COUNT,  # noqa: N802
+                      on_combine: Any = None, combine_by_dim: bool = True) -> tvm.transform.Pass:
+    """Combine independent allgathers of one dtype; ``combine_by_dim=False``: any axes together."""
+    return _make("AllGatherCombiner", threshold_bytes, threshold_count, on_combine, combine_by_dim)
+
+
+def ReduceScatterCombiner(threshold_bytes: int = DEFAULT_THRESHOLD_BYTES, threshold_count: int = DEFAULT_THRESHOLD_COUNT,  # noqa: N802
+                          on_combine: Any = None, combine_by_dim: bool = True) -> tvm.transform.Pass:
+    """Combine independent reduce_scatters; ``combine_by_dim=False``: any axes together."""
+    return _make("ReduceScatterCombiner", threshold_bytes, threshold_count, on_combine, combine_by_dim)
+
+
+def SendRecvCombiner(threshold_bytes: int = DEFAULT_THRESHOLD_BYTES, threshold_count: int = DEFAULT_THRESHOLD_COUNT,  # noqa: N802
+                     on_combine: Any = None) -> tvm.transform.Pass:
+    """Send transfers with the same pairs, dtype and independent payloads as one (fresh channel ids)."""
+    return _make("SendRecvCombiner", threshold_bytes, threshold_count, on_combine)
+
+
+def CombineCollectives(threshold_bytes: int = DEFAULT_THRESHOLD_BYTES, threshold_count: int = DEFAULT_THRESHOLD_COUNT,  # noqa: N802
+                       on_combine: Any = None, combine_by_dim: bool = True) -> tvm.transform.Pass:
+    """All four combiners in one pass."""
+    return _make("CombineCollectives", threshold_bytes, threshold_count, on_combine, combine_by_dim)
+
+
+__all__ = ["AllReduceCombiner", "AllGatherCombiner", "ReduceScatterCombiner", "SendRecvCombiner", "CombineCollectives"]
