@@ -225,6 +225,8 @@ def test_rank_error_reads_traceback_or_abort() -> None:
     assert rank_error(text) == "KeyError: 'k'"
     assert rank_error("Abort(1) on node 1 (rank 1 in comm 0): application called MPI_Abort") == (
         "Abort(1) on node 1 (rank 1 in comm 0): application called MPI_Abort")
+    assert rank_error("Fatal Python error: Segmentation fault\n\nCurrent thread 0x1:\n") == (
+        "Fatal Python error: Segmentation fault")
     assert rank_error("just a warning\n") is None
 
 

@@ -58,7 +58,7 @@ def rank_command(argv: list[str]) -> list[str]:
 
 
 def rank_error(text: str) -> str | None:
-    """The error a rank's stderr reports: a traceback's last line, else MPI's abort line."""
+    """The error a rank's stderr reports: a traceback's last line, a fatal Python error, or MPI's abort."""
     lines = text.splitlines()
     error = None
     for i, line in enumerate(lines):
@@ -67,6 +67,8 @@ def rank_error(text: str) -> str | None:
                 if follow and not follow[0].isspace():
                     error = follow.strip()
                     break
+    if error is None:  # a crash (faulthandler's line), else MPI's abort line
+        error = next((ln.strip() for ln in lines if ln.startswith("Fatal Python error:")), None)
     if error is None:
         error = next((ln.strip() for ln in lines if ln.startswith("Abort(")), None)
     return error
