@@ -1,0 +1,105 @@
+"""Pipeline-parallel MiniLM-L3: the cut (what crosses each stage boundary, stages chained in one
+process equal onnxruntime) and the whole example on 2 ranks through ``tvm-combiners launch``."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tvm_ffi")
+
+from tvm_combiners.examples import pipeline_bert as P  # noqa: E402
+
+SCRIPT_DIR = os.path.dirname(sys.executable)
+EXE = shutil.which("tvm-combiners", path=SCRIPT_DIR)
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    from tvm_combiners.models import default_model_path, import_relax, prepare_onnx
+
+    model = prepare_onnx(default_model_path(), batch=1, seq=16)
+    mod, _ = import_relax(model)
+    return model, mod
+
+
+@pytest.mark.parametrize("stages,layers", [(2, [[0], [1, 2]]), (3, [[0], [1], [2]])])
+def test_cut_between_layers_hands_on_hidden_state_and_masks(minilm, stages, layers):
+    _, mod = minilm
+    func = mod["main"]
+    plan = P.plan_stages(func, stages)
+    assert [P._layers_of(func, s) for s in plan] == layers
+    n = len(func.body.blocks[0].bindings)
+    assert sorted(i for s in plan for i in s.bindings) == list(range(n))  # every binding exactly once
+    assert [p.name for p in plan[0].inputs] == ["input_ids", "attention_mask"]
+    for s in plan[1:]:
+        # the outputs pass the inputs through; layers read the extended mask and the hidden state
+        assert P.tensor_types(s.inputs) == [((1, 16), "int64"), ((1, 16), "int64"), ((1, 1, 1, 16), "float32"),
+                                            ((1, 16, 384), "float32")]
+        assert [v.name for v in s.inputs[:2]] == ["input_ids", "attention_mask"]
+    assert plan[-1].outputs == []
+
+
+def test_stages_chained_in_one_process_equal_onnxruntime(minilm):
+    import tvm
+    from tvm import relax
+
+    from tvm_combiners.models import example_inputs, run_onnxruntime
+
+    model, mod = minilm
+    plan = P.plan_stages(mod["main"], 3)
+    stage_mod, _ = P.build_stage_functions(mod, plan)
+    ex = tvm.compile(stage_mod, target=tvm.target.Target({"kind": "llvm", "opt-level": 0}))
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    inputs = example_inputs(model, batch=1, seq=16, seed=3)
+    values = [tvm.runtime.tensor(inputs[p.name]) for p in mod["main"].params]
+    for s in range(3):
+        values = list(vm[f"stage{s}"](*values))
+    for got, want in zip(values, run_onnxruntime(model, inputs)):
+        np.testing.assert_allclose(got.numpy(), want, rtol=0, atol=1e-4)
+
+
+def test_too_many_stages_is_refused(minilm):
+    with pytest.raises(ValueError, match=r"pipeline-bert: 4 stages for 3 layers: need 1 <= stages <= layers"):
+        P.plan_stages(minilm[1]["main"], 4)
+
+
+def test_pipeline_on_2_ranks_equals_onnxruntime_and_combines_per_micro_batch():
+    cmd = [EXE, "launch", "-n", "2", "--timeout", "240", "--example", "pipeline-bert", "--json", "--",
+           "--opt-level", "0", "--micro-batches", "3", "--repeat", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["ok"] and report["failures"] == [], report["failures"]
+    assert [s["layers"] for s in report["stages"]] == [[0], [1, 2]]
+    unc, comb = report["variants"]["uncombined"], report["variants"]["combined"]
+    # 3 micro-batches x 4 tensors over the one hop; combined: one transfer per micro-batch
+    assert (unc["sends"], unc["recvs"]) == (12, 12)
+    assert (comb["sends"], comb["recvs"]) == (3, 3)
+    assert comb["notes"] == ["4 x send_recv -> 1 (24896 bytes)"] * 3
+    for v in (unc, comb):
+        assert max(v["max_abs_diff_vs_onnxruntime"].values()) <= 1e-4
+        assert v["max_abs_diff_vs_uncombined"] == 0.0
+        assert v["pipeline_ms"] > 0
+
+
+def test_json_error_document_when_the_example_never_reports():
+    cmd = [EXE, "launch", "-n", "1", "--timeout", "60", "--example", "pipeline-bert", "--json", "--", "--micro-batches", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    doc = json.loads(proc.stdout)
+    assert doc["ok"] is False and doc["error"]["stage"] == "launch" and doc["error"]["exit_code"] == 2
+    assert "--micro-batches must be at least 2" in proc.stderr
+
+
+def test_a_failed_equality_exits_non_zero_with_the_report():
+    code = ("import sys; from tvm_combiners.examples.report import finish; "
+            "sys.exit(finish({'example': 't', 'ok': False, 'failures': ['x differs']}, str, True))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert json.loads(proc.stdout) == {"example": "t", "ok": False, "failures": ["x differs"]}
+    assert "[t] FAILED: x differs" in proc.stderr
