@@ -249,29 +249,44 @@ class Variant:
     notes: list[str]
 
 
-def make_variants(cfg: Config, world: int, threshold_bytes: int | None) -> tuple[list[Variant], Any]:
-    """naive (one allreduce per gradient, plus the full-batch reference ``step_local``), bucketed
-    (``AllReduceCombiner``) and bucketed + parallel ops (``CombineParallelOps`` first)."""
+VARIANTS = ("naive", "bucketed", "bucketed+parallel-ops")
+
+
+def variant_names() -> tuple[str, ...]:
+    """The programs this job compares: only ``naive`` while ``AllReduceCombiner`` does not exist."""
+    return VARIANTS if allreduce_combiner() is not None else VARIANTS[:1]
+
+
+def make_variant(cfg: Config, world: int, name: str, threshold_bytes: int | None = None) -> Variant:
+    """``naive``: one allreduce per gradient, plus the full-batch reference ``step_local``;
+    ``bucketed``: then ``AllReduceCombiner``; ``bucketed+parallel-ops``: ``CombineParallelOps`` first."""
     from ..relax import CombineParallelOps
 
     b = cfg.batch_per_rank
-    naive, optimizer = build_module(cfg, b, reference_batch=b * world)
-    variants = [Variant("naive", naive, count_allreduces(naive), [])]
+    if name == "naive":
+        mod, _ = build_module(cfg, b, reference_batch=b * world)
+        return Variant(name, mod, count_allreduces(mod), [])
     combiner = allreduce_combiner()
-    if combiner is None:
-        return variants, optimizer
-    base, _ = build_module(cfg, b)
-    for name, parallel in (("bucketed", False), ("bucketed+parallel-ops", True)):
-        notes: list[str] = []
-        mod = base
-        if parallel:
-            mod = CombineParallelOps(on_combine=lambda c, notes=notes: notes.append("parallel ops: " + c.describe()))(mod)
-        kwargs: dict[str, Any] = {"on_combine": lambda c, notes=notes: notes.append("buckets: " + c.describe())}
-        if threshold_bytes is not None:
-            kwargs["threshold_bytes"] = threshold_bytes
-        mod = combiner(**kwargs)(mod)
-        variants.append(Variant(name, mod, count_allreduces(mod), notes))
-    return variants, optimizer
+    if name not in VARIANTS or combiner is None:
+        raise ValueError(f"dp-train: no program {name!r} here (have {', '.join(variant_names())})")
+    mod, _ = build_module(cfg, b)
+    notes: list[str] = []
+    if name == "bucketed+parallel-ops":
+        mod = CombineParallelOps(on_combine=lambda c: notes.append("parallel ops: " + c.describe()))(mod)
+    kwargs: dict[str, Any] = {"on_combine": lambda c: notes.append("buckets: " + c.describe())}
+    if threshold_bytes is not None:
+        kwargs["threshold_bytes"] = threshold_bytes
+    mod = combiner(**kwargs)(mod)
+    return Variant(name, mod, count_allreduces(mod), notes)
+
+
+def make_optimizer(cfg: Config) -> Any:
+    """The optimizer over the parameters (its ``state`` is the first step's state), as build_module's."""
+    from tvm import relax
+    from tvm.relax.training import optimizer as opt
+
+    params = [relax.Var(n, relax.TensorType(s, "float32")) for n, s in param_shapes(cfg).items()]
+    return (opt.Adam(cfg.lr) if cfg.optimizer == "adam" else opt.SGD(cfg.lr)).init(params)
 
 
 def _flat(arrays: Any) -> np.ndarray:
@@ -326,10 +341,21 @@ def run(cfg: Config, threshold_bytes: int | None = None) -> dict[str, Any]:
     # only rounding noise, which no per-tensor ratio can bound
     progress(TAG, f"{world} ranks; building the step ({cfg.layers} layers, hidden {cfg.hidden}, "
                   f"{cfg.batch_per_rank} rows per rank)")
-    variants, optimizer = make_variants(cfg, world, threshold_bytes)
+    names = variant_names()
     target = tvm.target.Target({"kind": "llvm", "opt-level": cfg.opt_level})
-    builders = {v.name: (lambda v=v: tvm.compile(v.mod, target=target, relax_pipeline=C.pipeline(target))) for v in variants}
+    built: dict[str, tuple[list[int], list[str]]] = {}
+
+    def compile_variant(name: str) -> Any:  # only on the rank that compiles it
+        v = make_variant(cfg, world, name, threshold_bytes)
+        built[name] = (v.allreduce_bytes, v.notes)
+        return tvm.compile(v.mod, target=target, relax_pipeline=C.pipeline(target))
+
+    builders = {name: (lambda name=name: compile_variant(name)) for name in names}
     libs, compile_s = compile_shared(builders, TAG)
+    for part in comm().allgather(built):
+        built.update(part)
+    variants = [Variant(name, None, *built[name]) for name in names]
+    optimizer = make_optimizer(cfg)
     params = init_params(cfg)
     sizes = [int(np.prod(s)) for s in param_shapes(cfg).values()]
     results = {}
