@@ -1,0 +1,139 @@
+"""Relay collective combiners: structure, thresholds, keys, send/recv, options; results on 1-4 ranks."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relay
+
+import tvm_combiners.collectives.runtime  # noqa: F401 - registers the runtime functions
+from tvm_combiners.collectives import relay as C
+from tvm_combiners.collectives.combiners import relay as CB
+
+PROG = Path(__file__).parents[1] / "collectives" / "progs" / "combiners_relay_prog.py"
+_spec = importlib.util.spec_from_file_location("combiners_relay_prog", PROG)
+P = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(P)
+TIMEOUT_S = 300
+ONE = [[0]]
+
+
+def _mod(xs, outs) -> tvm.IRModule:
+    return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function(xs, relay.Tuple(outs))))
+
+
+def _count(mod, kind) -> int:
+    found = [0]
+    relay.analysis.post_order_visit(mod["main"].body, lambda e: found.__setitem__(0, found[0] + C.is_collective(e, (kind,))))
+    return found[0]
+
+
+def _reports(factory, mod, **kw):
+    got = []
+    return factory(on_combine=got.append, **kw)(mod), got
+
+
+def _vars(*params):
+    return [relay.var(f"x{i}", shape=s, dtype=d) for i, (s, d) in enumerate(params)]
+
+
+def _same_results(before, after, params):
+    args = [P.data(0, s, d, i) for i, (s, d) in enumerate(params)]
+    for a, b in zip(P.run(before, args), P.run(after, args), strict=True):
+        np.testing.assert_array_equal(b, a)
+
+
+def test_chain_stays_two_and_skip_ahead_joins():
+    params = [((4, 6), "float32"), ((3,), "float32")]
+    xs = _vars(*params)
+    a = C.allreduce(xs[0])
+    c = C.allreduce(relay.add(a, relay.const(1.0)))
+    d = C.allreduce(xs[1])
+    mod = _mod(xs, [a, c, d])
+    new, reports = _reports(CB.AllReduceCombiner, mod)
+    assert _count(new, "allreduce") == 2 and [(r.num_ops, r.nbytes) for r in reports] == [(2, 108)]
+    _same_results(mod, new, params)
+
+
+def test_thresholds_exact():
+    params = [((48,), "float32"), ((1,), "float32"), ((1,), "float32")]
+    xs = _vars(*params)
+    mod = _mod(xs, [C.allreduce(x) for x in xs])
+    assert [(r.num_ops, r.nbytes) for r in _reports(CB.AllReduceCombiner, mod, threshold_bytes=196)[1]] == [(2, 196)]
+    assert [(r.num_ops, r.nbytes) for r in _reports(CB.AllReduceCombiner, mod, threshold_bytes=195)[1]] == [(2, 8)]
+    assert [r.num_ops for r in _reports(CB.AllReduceCombiner, mod, threshold_count=2)[1]] == [2]
+    assert [r.num_ops for r in _reports(CB.AllReduceCombiner, mod, threshold_count=3)[1]] == [3]
+    assert CB.CombineCollectives(threshold_bytes=0)(mod).same_as(mod)
+
+
+def test_mixed_keys_stay_apart_and_by_dim():
+    params = [((4, 2), "float32"), ((4, 2), "int32"), ((4, 2), "float32")]
+    xs = _vars(*params)
+    outs = [C.allreduce(xs[0], "sum"), C.allreduce(xs[2], "max"), C.allreduce(xs[1], "sum"),
+            C.allgather(xs[0], 0, ONE), C.allgather(xs[1], 0, ONE),     # dtypes differ: apart in Relay
+            C.allgather(xs[2], 1, ONE),                                   # axis differs: joins only by_dim=False
+            C.reduce_scatter(xs[0], axis=0, group=ONE), C.reduce_scatter(xs[2], axis=1, group=ONE)]
+    mod = _mod(xs, outs)
+    assert _reports(CB.CombineCollectives, mod)[1] == []
+    new, reports = _reports(CB.CombineCollectives, mod, combine_by_dim=False)
+    assert sorted((r.kind, r.num_ops) for r in reports) == [("allgather", 2), ("reduce_scatter", 2)]
+    _same_results(mod, new, params)
+
+
+def test_send_recv_channels_and_pairs():
+    params = [((4,), "float32"), ((4,), "float32"), ((4,), "float32")]
+    xs = _vars(*params)
+    p = [[0, 0]]
+    r = [C.recv((4,), "float32", p, channel_id=c, token=C.send(x, p, channel_id=c, is_host_transfer=c == 2),
+                is_host_transfer=c == 2) for c, x in enumerate(xs)]
+    hop = C.recv((4,), "float32", p, channel_id=5, token=C.send(r[0], p, channel_id=5))  # reads a recv: apart
+    mod = _mod(xs, [*r, hop])
+    new, reports = _reports(CB.SendRecvCombiner, mod)
+    assert [r.num_ops for r in reports] == [2] and _count(new, "send") == 3 and _count(new, "recv") == 3
+    channels = []
+    relay.analysis.post_order_visit(new["main"].body, lambda e: channels.append(C.info(e).channel_id) if C.is_collective(e, ("send",)) else None)
+    assert sorted(channels) == [2, 3, 5]  # channels 0 and 1 travel as one on 3, the smallest id no op used
+    _same_results(mod, new, params)
+
+
+def test_idempotent_names_and_options():
+    xs, params, body = P.collectives(1)
+    mod = _mod(xs, list(body.fields))
+    once = CB.CombineCollectives(combine_by_dim=False)(mod)
+    assert not once.same_as(mod)
+    assert tvm.ir.structural_equal(once, CB.CombineCollectives(combine_by_dim=False)(once))
+    for name in ("AllReduceCombiner", "AllGatherCombiner", "ReduceScatterCombiner", "SendRecvCombiner", "CombineCollectives"):
+        p = getattr(CB, name)()
+        assert p.info.name == name
+        with tvm.transform.PassContext(disabled_pass=[name]):
+            assert tvm.transform.Sequential([p])(mod).same_as(mod)
+    with pytest.raises(TypeError, match=r"^ReduceScatterCombiner: threshold_count must be an int \(<= 0 disables the pass\), got str 'x'$"):
+        CB.ReduceScatterCombiner(threshold_count="x")
+    _same_results(mod, once, params)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_combiners_keep_results_on_n_ranks_relay(n, tmp_path):
+    cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", str(n), "--timeout", str(TIMEOUT_S),
+           "--", sys.executable, str(PROG), str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S + 60)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(n)]
+    assert {r["checks"] for r in reports} == {reports[0]["checks"]} and reports[0]["checks"] > 100
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_prog_cases_combine(n):
+    for name, (build, _) in P.CASES.items():
+        xs, _params, body = build(n)
+        mod = _mod(xs, list(body.fields))
+        _, reports = _reports(CB.CombineCollectives, mod, combine_by_dim=False)
+        kinds = {r.kind for r in reports}
+        assert kinds == ({"allreduce", "allgather", "reduce_scatter"} if name == "collectives" else {"send_recv"})
