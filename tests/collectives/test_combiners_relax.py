@@ -343,3 +343,13 @@ def test_generated_programs_keep_results(program, limits):
     names = ("allreduce", "allgather", "reduce_scatter", "send", "recv")
     assert all(_count(new, k) <= _count(mod, k) for k in names)
     _same_results(mod, new, _args(params, salt=len(steps)))
+
+
+@pytest.mark.parametrize("case", sorted(C.CASES))
+def test_combined_modules_compile_for_cuda(case):
+    """The pack/unpack kernels are block-structured, so the GPU pipeline (dlight) binds them to threads."""
+    mod, _ = C.CASES[case](2)
+    new = CB.CombineCollectives(combine_by_dim=False)(mod)
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"}, host="llvm")
+    ex = tvm.compile(new, target=target, relax_pipeline=CR.pipeline(target))
+    assert ex is not None

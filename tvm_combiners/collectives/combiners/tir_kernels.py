@@ -44,6 +44,17 @@ def _prod(shape: tuple[int, ...]) -> int:
     return out
 
 
+def _loop(i: int, extent: int, store: str) -> list[str]:
+    """One spatial block per operand, so GPU schedulers (dlight) can bind its loop to threads."""
+    return [f"    for j_ in range({extent}):", f'        with T.sblock("copy{i}"):',
+            f"            j = T.axis.spatial({extent}, j_)", f"            {store}"]
+
+
+def _grid(i: int, extents: tuple[int, int, int], store: str) -> list[str]:
+    return [f"    for r_, p_, k_ in T.grid({', '.join(map(str, extents))}):", f'        with T.sblock("copy{i}"):',
+            '            r, p, k = T.axis.remap("SSS", [r_, p_, k_])', f"            {store}"]
+
+
 def pack_source(plan: PackPlan, name: str) -> str:
     """TVMScript of ``name(a0, ..., ak, out)`` writing every operand into the flat buffer."""
     params = [f"a{i}: {_buf(seg.shape, seg.dtype)}" for i, seg in enumerate(plan.segments)]
@@ -57,12 +68,10 @@ def pack_source(plan: PackPlan, name: str) -> str:
         if plan.kind == "reduce_scatter":  # block r gets chunk r of the scattered axis
             n = plan.blocks_in
             c = seg.extent // n * seg.inner
-            lines += [
-                f"    for r, p, k in T.grid({n}, {seg.outer}, {c}):",
-                f"        {dst}[r * {stride} + {seg.offset} + p * {c} + k] = {src}[p * {seg.extent * seg.inner} + r * {c} + k]",
-            ]
+            lines += _grid(i, (n, seg.outer, c),
+                           f"{dst}[r * {stride} + {seg.offset} + p * {c} + k] = {src}[p * {seg.extent * seg.inner} + r * {c} + k]")
         else:
-            lines += [f"    for j in range({seg.size}):", f"        {dst}[{seg.offset} + j] = {src}[j]"]
+            lines += _loop(i, seg.size, f"{dst}[{seg.offset} + j] = {src}[j]")
     return _rooted(lines)
 
 
@@ -79,12 +88,9 @@ def unpack_source(plan: PackPlan, name: str) -> str:
         if plan.kind == "allgather":  # rank r's block holds its operand: (n, P, A, Q) -> (P, n, A, Q)
             n = plan.blocks_out
             c = seg.extent * seg.inner
-            lines += [
-                f"    for r, p, k in T.grid({n}, {seg.outer}, {c}):",
-                f"        {dst}[p * {n * c} + r * {c} + k] = {src}[r * {stride} + {seg.offset} + p * {c} + k]",
-            ]
+            lines += _grid(i, (n, seg.outer, c), f"{dst}[p * {n * c} + r * {c} + k] = {src}[r * {stride} + {seg.offset} + p * {c} + k]")
         else:
-            lines += [f"    for j in range({seg.chunk}):", f"        {dst}[j] = {src}[{seg.offset} + j]"]
+            lines += _loop(i, seg.chunk, f"{dst}[j] = {src}[{seg.offset} + j]")
     return _rooted(lines)
 
 
