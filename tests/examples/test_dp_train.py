@@ -26,7 +26,7 @@ def test_step_has_one_allreduce_avg_per_gradient_and_the_reference_none():
     names = sorted(gv.name_hint for gv, f in mod.functions_items() if isinstance(f, relax.Function))
     assert names == ["main_adjoint", "main_full_adjoint", "optimizer", "step", "step_local"]
     shapes = D.param_shapes(cfg)
-    assert len(shapes) == 16 * cfg.layers + 2
+    assert len(shapes) == 15 * cfg.layers + 2  # no key bias
     found = {"step": [], "step_local": []}
     for name in found:
         relax.analysis.post_order_visit(mod[name], lambda e, name=name: found[name].append(C.info(e))
@@ -48,7 +48,7 @@ def test_bucketing_respects_the_threshold():
     one = D.count_allreduces(combiner()(mod))
     assert one == [total]
     buckets = D.count_allreduces(combiner(threshold_bytes=300_000)(mod))
-    assert 1 < len(buckets) < 34 and sum(buckets) == total and max(buckets) <= 300_000
+    assert 1 < len(buckets) < len(D.param_shapes(D.Config())) and sum(buckets) == total and max(buckets) <= 300_000
 
 
 def test_dp_train_on_4_ranks_equals_one_process_on_the_full_batch():
@@ -65,8 +65,8 @@ def test_dp_train_on_4_ranks_equals_one_process_on_the_full_batch():
     variants = report["variants"]
     assert list(variants) == ["naive", "bucketed", "bucketed+parallel-ops"]
     naive, bucketed, parallel = variants["naive"], variants["bucketed"], variants["bucketed+parallel-ops"]
-    assert naive["allreduces"] == 34
-    assert 1 < bucketed["allreduces"] < 34 and bucketed["allreduces"] == parallel["allreduces"]
+    assert naive["allreduces"] == 32
+    assert 1 < bucketed["allreduces"] < 32 and bucketed["allreduces"] == parallel["allreduces"]
     assert bucketed["allreduce_bytes_total"] == naive["allreduce_bytes_total"] == report["parameters"]["bytes"]
     assert max(bucketed["bucket_bytes"]) <= 262144
     assert any(n.startswith("parallel ops: 3 x matmul") for n in parallel["notes"])

@@ -36,11 +36,12 @@ class Config:
     seq: int = 16
     classes: int = 4
     batch_per_rank: int = 2
-    steps: int = 3
-    lr: float = 0.05
+    steps: int = 4
+    lr: float = 0.02
     optimizer: str = "sgd"
     seed: int = 0
     repeat: int = 5  # timed steps per program (median reported)
+    fresh_data: bool = False
     opt_level: int = 3  # LLVM's: 0 compiles ~8x faster (tests), 3 runs faster
 
 
@@ -52,7 +53,8 @@ def param_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
         p = f"l{i}_"
         for name in ("q", "k", "v", "o"):
             shapes[p + "w" + name] = (h, h)
-            shapes[p + "b" + name] = (h,)
+            if name != "k":  # no key bias: softmax ignores it, its gradient is 0 (rounding noise that Adam amplifies)
+                shapes[p + "b" + name] = (h,)
         shapes[p + "ln1_g"], shapes[p + "ln1_b"] = (h,), (h,)
         shapes[p + "w1"], shapes[p + "b1"] = (h, f), (f,)
         shapes[p + "w2"], shapes[p + "b2"] = (f, h), (h,)
@@ -75,11 +77,17 @@ def init_params(cfg: Config) -> dict[str, np.ndarray]:
 
 
 def full_batch(cfg: Config, world: int, step: int) -> tuple[np.ndarray, np.ndarray]:
-    """The whole batch of one step (features, one-hot labels); rank r trains on rows r*b:(r+1)*b."""
-    rng = np.random.default_rng(1000 + 7 * step + cfg.seed)
+    """The whole batch of one step (features, one-hot labels); rank r trains on rows r*b:(r+1)*b.
+
+    The same batch every step (the loss then falls step by step: the optimizer visibly works),
+    fresh features every step with ``fresh_data``; labels come from a fixed random linear teacher
+    on the mean feature.
+    """
+    rng = np.random.default_rng(1000 + 7 * (step if cfg.fresh_data else 0) + cfg.seed)
     n = cfg.batch_per_rank * world
     x = rng.standard_normal((n, cfg.seq, cfg.hidden)).astype("float32")
-    labels = np.eye(cfg.classes, dtype="float32")[rng.integers(0, cfg.classes, n)]
+    teacher = np.random.default_rng(cfg.seed + 1).standard_normal((cfg.hidden, cfg.classes))
+    labels = np.eye(cfg.classes, dtype="float32")[np.argmax(x.mean(axis=1) @ teacher, axis=1)]
     return x, labels
 
 
@@ -101,8 +109,9 @@ def _forward(bb: Any, cfg: Config, x: Any, labels: Any, p: dict[str, Any]) -> An
     dh = h // nh
     e = bb.emit
 
-    def linear(v: Any, w: str, b: str) -> Any:
-        return e(R.add(e(R.matmul(v, p[w])), p[b]))
+    def linear(v: Any, w: str, b: str | None) -> Any:
+        y = e(R.matmul(v, p[w]))
+        return e(R.add(y, p[b])) if b else y
 
     def layer_norm(v: Any, g: str, b: str) -> Any:  # written out: nn.layer_norm has no gradient in TVM
         mu = e(R.mean(v, axis=[-1], keepdims=True))
@@ -117,7 +126,7 @@ def _forward(bb: Any, cfg: Config, x: Any, labels: Any, p: dict[str, Any]) -> An
     for i in range(cfg.layers):
         pre = f"l{i}_"
         q = heads(linear(x, pre + "wq", pre + "bq"), [0, 2, 1, 3])
-        k = heads(linear(x, pre + "wk", pre + "bk"), [0, 2, 3, 1])
+        k = heads(linear(x, pre + "wk", None), [0, 2, 3, 1])
         v = heads(linear(x, pre + "wv", pre + "bv"), [0, 2, 1, 3])
         scores = e(R.multiply(e(R.matmul(q, k)), relax.const(1.0 / np.sqrt(dh), "float32")))
         ctx = e(R.matmul(e(R.nn.softmax(scores, axis=-1)), v))
@@ -168,7 +177,6 @@ def build_module(cfg: Config, batch: int, reference_batch: int | None = None) ->
     """
     import tvm
     from tvm import relax
-    from tvm.relax.training import optimizer as opt
 
     f32 = "float32"
     ptypes = [(name, relax.TensorType(s, f32)) for name, s in param_shapes(cfg).items()]
@@ -187,7 +195,7 @@ def build_module(cfg: Config, batch: int, reference_batch: int | None = None) ->
     for name in sizes:
         mod = relax.transform.Gradient(name, require_grads=list(mod[name].params[2:]))(mod)
 
-    optimizer = (opt.Adam(cfg.lr) if cfg.optimizer == "adam" else opt.SGD(cfg.lr)).init(list(mod["main"].params[2:]))
+    optimizer = new_optimizer(cfg).init(list(mod["main"].params[2:]))
     opt_func = optimizer.get_function()
     bb = relax.BlockBuilder(mod)
     opt_gv = bb.add_func(opt_func, "optimizer")
@@ -283,10 +291,28 @@ def make_variant(cfg: Config, world: int, name: str, threshold_bytes: int | None
 def make_optimizer(cfg: Config) -> Any:
     """The optimizer over the parameters (its ``state`` is the first step's state), as build_module's."""
     from tvm import relax
-    from tvm.relax.training import optimizer as opt
 
     params = [relax.Var(n, relax.TensorType(s, "float32")) for n, s in param_shapes(cfg).items()]
-    return (opt.Adam(cfg.lr) if cfg.optimizer == "adam" else opt.SGD(cfg.lr)).init(params)
+    return new_optimizer(cfg).init(params)
+
+
+def new_optimizer(cfg: Config) -> Any:
+    """``tvm.relax.training.optimizer``'s SGD or Adam, not yet initialized.
+
+    TVM 0.27's Adam (and MomentumSGD) keep the parameters' dtype as a ``DataType`` that numpy
+    cannot read when they build their state (``np.ones((), dtype)`` raises): the subclass keeps it
+    as a string, which every use of it accepts.
+    """
+    from tvm.relax.training import optimizer as opt
+
+    base = opt.Adam if cfg.optimizer == "adam" else opt.SGD
+
+    class Optimizer(base):  # type: ignore[misc, valid-type]
+        def _set_params_and_dtype(self, params: list[Any]) -> None:
+            super()._set_params_and_dtype(params)
+            self.dtype = str(self.dtype)
+
+    return Optimizer(cfg.lr)
 
 
 def _flat(arrays: Any) -> np.ndarray:
@@ -467,6 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=d.steps)
     parser.add_argument("--lr", type=float, default=d.lr)
     parser.add_argument("--optimizer", choices=("sgd", "adam"), default=d.optimizer)
+    parser.add_argument("--fresh-data", action="store_true", help="a new batch every step (default: the same batch)")
     parser.add_argument("--repeat", type=int, default=d.repeat, help="timed steps per program (median)")
     parser.add_argument("--opt-level", type=int, choices=range(4), default=d.opt_level,
                         help="LLVM optimization level (0 compiles much faster)")
@@ -480,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--hidden {args.hidden} must be divisible by --heads {args.heads}")
     cfg = Config(layers=args.layers, hidden=args.hidden, heads=args.heads, ffn=2 * args.hidden, seq=args.seq,
                  batch_per_rank=args.batch_per_rank, steps=args.steps, lr=args.lr, optimizer=args.optimizer,
-                 repeat=args.repeat, opt_level=args.opt_level)
+                 repeat=args.repeat, opt_level=args.opt_level, fresh_data=args.fresh_data)
     from .report import finish
 
     return finish(run(cfg, args.threshold_bytes), render, args.json, args.json_out)
