@@ -167,8 +167,19 @@ def _step(bb: Any, name: str, adjoint: Any, optimizer: Any, x_ty: Any, y_ty: Any
                                          bb.emit(relax.TupleGetItem(updated, 1))]))
 
 
+def _sync(bb: Any, params: list[tuple[str, Any]]) -> None:
+    """``sync(*grads)``: only the step's allreduces (the communication, timed on its own)."""
+    from tvm import relax
+
+    from ..collectives import relax as C
+
+    grads = [relax.Var(name + "_grad", ty) for name, ty in params]
+    with bb.function("sync", grads, pure=False):
+        bb.emit_func_output(relax.Tuple([bb.emit(C.allreduce(g, "avg")) for g in grads]))
+
+
 def build_module(cfg: Config, batch: int, reference_batch: int | None = None) -> tuple[Any, Any]:
-    """``main_adjoint``, ``optimizer`` and ``step`` (one allreduce(avg) per gradient) for ``batch`` rows.
+    """``main_adjoint``, ``optimizer``, ``step`` (one allreduce(avg) per gradient) for ``batch`` rows and ``sync``.
 
     With ``reference_batch`` the module also has ``step_local``: the same step on one process over
     that many rows, without collectives (the full-batch reference). Backward is TVM's
@@ -204,12 +215,13 @@ def build_module(cfg: Config, batch: int, reference_batch: int | None = None) ->
     if reference_batch is not None:
         _step(bb, "step_local", mod.get_global_var("main_full_adjoint"), opt_gv, *types["main_full"], ptypes,
               state_ty, False)
+    _sync(bb, ptypes)
     mod = bb.get()
     return tvm.IRModule({gv: f for gv, f in mod.functions_items() if gv.name_hint not in sizes}), optimizer
 
 
-def count_allreduces(mod: Any) -> list[int]:
-    """Payload bytes of every allreduce in ``mod``, in program order."""
+def count_allreduces(mod: Any, func: str = "step") -> list[int]:
+    """Payload bytes of every allreduce in ``mod[func]``, in program order."""
     from tvm import relax
 
     from ..collectives import relax as C
@@ -221,9 +233,7 @@ def count_allreduces(mod: Any) -> list[int]:
             ty = e.args[0].ty
             sizes.append(int(np.prod([int(d) for d in ty.shape.values])) * np.dtype(str(ty.dtype)).itemsize)
 
-    for _, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func, visit)
+    relax.analysis.post_order_visit(mod[func], visit)
     return sizes
 
 
@@ -281,7 +291,7 @@ def make_variant(cfg: Config, world: int, name: str, threshold_bytes: int | None
     notes: list[str] = []
     if name == "bucketed+parallel-ops":
         mod = CombineParallelOps(on_combine=lambda c: notes.append("parallel ops: " + c.describe()))(mod)
-    kwargs: dict[str, Any] = {"on_combine": lambda c: notes.append("buckets: " + c.describe())}
+    kwargs: dict[str, Any] = {}  # the buckets are read back from the module (on_combine also sees sync's)
     if threshold_bytes is not None:
         kwargs["threshold_bytes"] = threshold_bytes
     mod = combiner(**kwargs)(mod)
@@ -348,6 +358,14 @@ def run_steps(vm: Any, func: str, cfg: Config, world: int, rank: int | None, par
         start = time.perf_counter()
         vm[func](*first[0], *first[1], first[2])
         out["time"].append(time.perf_counter() - start)
+    if repeat and rank is not None:  # the allreduces alone, on this step's gradients
+        grads = [tvm.runtime.tensor(np.zeros(v.shape, "float32")) for v in params.values()]
+        out["sync_time"] = []
+        for _ in range(repeat * 4):
+            comm().Barrier()
+            start = time.perf_counter()
+            vm["sync"](*grads)
+            out["sync_time"].append(time.perf_counter() - start)
     return out
 
 
@@ -425,12 +443,14 @@ def run(cfg: Config, threshold_bytes: int | None = None) -> dict[str, Any]:
         losses = [float(np.mean([res["loss"][s] for res in per_rank])) for s in range(cfg.steps)]
         loss_vs_ref = max(abs(a - b) / abs(b) for a, b in zip(losses, reference["loss"]))
         step_s = max(float(np.median(res["time"])) for res in per_rank)
+        sync_s = max(float(np.median(res["sync_time"])) for res in per_rank)
         report["variants"][v.name] = {
             "allreduces": len(v.allreduce_bytes),
             "bucket_bytes": v.allreduce_bytes if len(v.allreduce_bytes) <= 8 else [min(v.allreduce_bytes), max(v.allreduce_bytes)],
             "allreduce_bytes_total": sum(v.allreduce_bytes),
             "compile_s": compile_s.get(v.name),
             "step_s": step_s,
+            "allreduces_s": sync_s,
             "loss": losses,
             "max_rel_diff_grads_vs_reference": grads_vs_ref,
             "max_rel_diff_params_vs_reference": params_vs_ref,
@@ -465,11 +485,12 @@ def render(report: dict[str, Any]) -> str:
 
     rows = []
     for name, v in report["variants"].items():
-        rows.append([name, v["allreduces"], ",".join(str(b) for b in v["bucket_bytes"]),
-                     f"{v['compile_s']:.1f}" if v["compile_s"] is not None else "-", f"{1e3 * v['step_s']:.1f}",
+        sizes = v["bucket_bytes"]
+        rows.append([name, v["allreduces"], ",".join(map(str, sizes)) if len(sizes) == v["allreduces"] else f"{sizes[0]}..{sizes[1]}",
+                     f"{v['compile_s']:.1f}" if v["compile_s"] is not None else "-", f"{1e3 * v['step_s']:.1f}", f"{1e3 * v['allreduces_s']:.2f}",
                      f"{v['max_rel_diff_grads_vs_reference']:.2e}", f"{v['max_rel_diff_params_vs_reference']:.2e}",
                      f"{v['max_abs_diff_across_ranks']:.1e}", f"{v['max_rel_diff_vs_naive']:.1e}"])
-    lines.append(table(rows, ["program", "allreduces", "bytes per allreduce", "compile s", "step ms",
+    lines.append(table(rows, ["program", "allreduces", "bytes per allreduce", "compile s", "step ms", "allreduces ms",
                               "grads rel vs 1 proc", "params rel vs 1 proc", "across ranks", "rel vs naive"]))
     lines.append("")
     lines.append("loss per step: full batch, 1 process: " + ", ".join(f"{x:.6f}" for x in report["reference_loss"]))
