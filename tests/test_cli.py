@@ -1,5 +1,6 @@
 """The CLI: `run` on the real MiniLM (its table and groups; errors are in test_cli_errors.py) and `launch`."""
 
+import json
 import os
 import re
 import shutil
@@ -79,3 +80,36 @@ def test_run_imports_neither_mpi_nor_the_launcher(tmp_path):
             "print(rc, sorted(m for m in sys.modules if 'mpi4py' in m or 'collectives' in m))")
     proc = subprocess.run([sys.executable, "-c", code, str(empty)], capture_output=True, text=True, timeout=120)
     assert proc.stdout.strip() == "2 []", proc.stderr
+
+
+def test_launch_json_needs_an_example(capsys):
+    assert main(["launch", "-n", "1", "--json", "--", "true"]) == 2
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    assert doc == {"ok": False, "error": {"file": None, "stage": "setup", "bad_input": True, "exit_code": 2,
+                                          "message": "launch: --json needs --example (a command's output is its own)"}}
+    assert captured.err == "tvm-combiners: error: launch: --json needs --example (a command's output is its own)\n"
+
+
+def test_launch_example_takes_options_not_a_command(capsys):
+    assert main(["launch", "-n", "2", "--example", "dp-train", "--", "python", "prog.py"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("tvm-combiners: error: launch: --example dp-train runs the example itself: after '--' give only "
+                   "its options (e.g. -- --help), not a command ('python')\n")
+
+
+def test_launch_example_names_are_checked(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["launch", "-n", "2", "--example", "nope"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err  # argparse quotes the choices in some Python versions, not in others
+    assert re.search(r"argument --example: invalid choice: 'nope' \(choose from '?dp-train'?, '?pipeline-bert'?\)", err), err
+
+
+def test_example_command_runs_the_module_with_its_options():
+    from tvm_combiners.examples import example_command
+
+    assert example_command("pipeline-bert", ["--seq", "8"], "/tmp/r.json") == [
+        "python", "-m", "tvm_combiners.examples.pipeline_bert", "--seq", "8", "--json-out", "/tmp/r.json"]
+    with pytest.raises(ValueError, match="unknown example 'x': choose from dp-train, pipeline-bert"):
+        example_command("x", [])

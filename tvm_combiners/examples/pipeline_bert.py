@@ -164,6 +164,36 @@ def build_stage_functions(mod: Any, stages: list[Stage]) -> tuple[Any, list[Any]
     return bb.get(), gvs
 
 
+def describe_values(func: Any, vars_: list[Any]) -> list[str]:
+    """What each crossing value is: an input, the hidden state after layer k, or an op of the inputs."""
+    from tvm import relax
+
+    block = func.body.blocks[0]
+    ends = layer_ends(block)
+    index_of = {b.var: i for i, b in enumerate(block.bindings)}
+    params = set(func.params)
+
+    def roots(v: Any, seen: set[Any]) -> set[str]:
+        if v in params:
+            return {v.name}
+        if v in seen or v not in index_of:
+            return set()
+        seen.add(v)
+        return set().union(*(roots(u, seen) for u in relax.analysis.free_vars(block.bindings[index_of[v]].value)))
+
+    out = []
+    for v, (shape, dtype) in zip(vars_, tensor_types(vars_)):
+        kind = f"{dtype}{list(shape)}"
+        if v in params:
+            out.append(f"{v.name} {kind}")
+        elif index_of.get(v) in ends:
+            out.append(f"hidden state after layer {ends.index(index_of[v])} {kind}")
+        else:
+            op = block.bindings[index_of[v]].value.op.name.removeprefix("relax.")
+            out.append(f"{v.name} = {op}(.. {', '.join(sorted(roots(v, set())))}) {kind}")
+    return out
+
+
 def tensor_types(vars_: list[Any]) -> list[tuple[tuple[int, ...], str]]:
     return [(tuple(int(d) for d in v.ty.shape.values), str(v.ty.dtype)) for v in vars_]
 
@@ -323,9 +353,8 @@ def run(cfg: Config) -> dict[str, Any]:
         "model": str(path.name),
         "config": asdict(cfg),
         "stages": [{"rank": s.index, "layers": _layers_of(imported["main"], s),
-                    "receives": [f"{v.name} {t[1]}{list(t[0])}" for v, t in zip(s.inputs, tensor_types(s.inputs))]
-                    if s.index else [f"{n} (input)" for n in names],
-                    "sends": [f"{v.name} {t[1]}{list(t[0])}" for v, t in zip(s.outputs, tensor_types(s.outputs))],
+                    "receives": describe_values(imported["main"], s.inputs) if s.index else [f"{n} (input)" for n in names],
+                    "sends": describe_values(imported["main"], s.outputs),
                     "stage_ms": 1e3 * gathered[s.index]["stage_s"]} for s in stages],
         "combiner": "SendRecvCombiner" if combiner is not None else "not combined yet (SendRecvCombiner not exported)",
         "variants": {},
