@@ -24,16 +24,17 @@ def test_step_has_one_allreduce_avg_per_gradient_and_the_reference_none():
     cfg = D.Config()
     mod, optimizer = D.build_module(cfg, batch=2, reference_batch=8)
     names = sorted(gv.name_hint for gv, f in mod.functions_items() if isinstance(f, relax.Function))
-    assert names == ["main_adjoint", "main_full_adjoint", "optimizer", "step", "step_local"]
+    assert names == ["main_adjoint", "main_full_adjoint", "optimizer", "step", "step_local", "sync"]
     shapes = D.param_shapes(cfg)
     assert len(shapes) == 15 * cfg.layers + 2  # no key bias
-    found = {"step": [], "step_local": []}
+    found = {"step": [], "step_local": [], "sync": []}
     for name in found:
         relax.analysis.post_order_visit(mod[name], lambda e, name=name: found[name].append(C.info(e))
                                         if C.is_collective(e) else None)
     assert [s.kind for s in found["step"]] == ["allreduce"] * len(shapes)
     assert {s.op for s in found["step"]} == {"avg"}
     assert found["step_local"] == []
+    assert found["sync"] == found["step"]  # the same allreduces, timed on their own
     assert not mod["step"].is_pure and mod["step_local"].is_pure
     sizes = D.count_allreduces(mod)
     assert sizes == [4 * int(__import__("numpy").prod(s)) for s in shapes.values()]

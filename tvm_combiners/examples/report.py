@@ -64,8 +64,11 @@ def compile_shared(builders: dict[str, Callable[[], Any]], tag: str) -> tuple[di
     except Exception as err:  # noqa: BLE001 - reported after the barrier so nobody waits forever
         error = err
     quiet_barrier()
+    failed = [r for r, bad in enumerate(c.allgather(error is not None)) if bad]
     if error is not None:
         raise error
+    if failed:  # the failing rank raises its own error; the others say where it happened
+        raise RuntimeError(f"{tag}: compiling failed on rank {failed[0]} (its error is reported above)")
     all_times: dict[str, float] = {}
     for part in c.allgather(times):
         all_times.update(part)
