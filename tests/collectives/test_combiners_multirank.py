@@ -4,7 +4,7 @@ One launch per rank count (CI has 2 cores): ``progs/combiners_relax_prog.py`` co
 ``progs/combiners_cases.py`` before and after every pass and compares every output bitwise on every
 rank (plus a few against numpy). Allgather and reduce_scatter run on non-leading axes, with groups
 in reversed order, mixed dtypes and (4 ranks) split groups; sends and recvs on rings, partial pairs
-and several channels. The launcher runs it as ``python -m mpi4py``, so a failing rank ends the job;
+and several channels; plus six seeded random DAGs of collectives, sends/recvs and compute. The launcher runs it as ``python -m mpi4py``, so a failing rank ends the job;
 the timeout bounds a hung one.
 """
 

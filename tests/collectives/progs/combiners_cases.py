@@ -134,3 +134,41 @@ def compile_and_run(mod: tvm.IRModule, args: list[np.ndarray]) -> list[np.ndarra
     ex = tvm.compile(mod, target="llvm", relax_pipeline=CR.pipeline("llvm"))
     vm = relax.VirtualMachine(ex, tvm.cpu())
     return flatten(vm["main"](*[tvm.runtime.tensor(a) for a in args]))
+
+
+def random_program(n: int, seed: int) -> Case:
+    """A random DAG of collectives, sends/recvs and compute with random dependencies (seeded, so
+    every rank builds the same program)."""
+    rng = np.random.default_rng(seed)
+    shapes = [(2 * n, 3), (3, 2 * n), (n, 2, 2)]
+    params = [(shapes[int(rng.integers(3))], str(rng.choice(["float32", "int32"]))) for _ in range(3)]
+    xs = [relax.Var(f"x{i}", relax.TensorType(s, d)) for i, (s, d) in enumerate(params)]
+    groups = [[list(range(n))], [list(reversed(range(n)))]]
+    ring = [[r, (r + 1) % n] for r in range(n)]
+    bb = relax.BlockBuilder()
+    with bb.function("main", xs, pure=False):
+        values: list[relax.Expr] = list(xs)
+        channel = 0
+        for _ in range(int(rng.integers(6, 16))):
+            x = values[int(rng.integers(len(values)))]
+            shape = tuple(int(d) for d in x.ty.shape)
+            dtype = str(x.ty.dtype)
+            kind = int(rng.integers(6))
+            group = groups[int(rng.integers(2))]
+            if kind == 0:
+                v = CR.allreduce(x, str(rng.choice(["sum", "max", "min"])))
+            elif kind == 1:
+                v = CR.allgather(x, axis=int(rng.integers(len(shape))), group=group)
+            elif kind == 2:
+                axes = [a for a, d in enumerate(shape) if d % n == 0]
+                v = CR.reduce_scatter(x, "sum", axis=axes[int(rng.integers(len(axes)))], group=group) if axes else CR.allreduce(x)
+            elif kind == 3:
+                same = [w for w in values if str(w.ty) == str(x.ty)]
+                v = relax.op.add(x, same[int(rng.integers(len(same)))])
+            else:
+                tok = bb.emit(CR.send(x, ring, channel_id=channel))
+                v = CR.recv(shape, dtype, ring, channel_id=channel, token=tok if rng.integers(2) else None)
+                channel += 1
+            values.append(bb.emit(v))
+        bb.emit_func_output(relax.Tuple(values[len(xs):]))
+    return bb.get(), _inputs(params)

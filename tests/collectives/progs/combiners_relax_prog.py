@@ -32,6 +32,7 @@ PASSES = {
     "all_any_dim": lambda: CB.CombineCollectives(combine_by_dim=False),
     "small_groups": lambda: CB.CombineCollectives(threshold_bytes=200, threshold_count=2, combine_by_dim=False),
 }
+RANDOM_PROGRAMS = 6
 CASE_PASSES = {
     "collectives": ("allreduce", "allgather", "reduce_scatter", "all", "all_any_dim", "small_groups"),
     "p2p": ("send_recv", "all", "small_groups"),
@@ -68,6 +69,15 @@ def main(out: Path) -> None:
             partial = everyone[0][3] if rank == n - 1 else np.zeros(5, "float32")
             np.testing.assert_array_equal(want[3], partial)
             checks += 2
+    for seed in range(RANDOM_PROGRAMS):  # generated DAGs: every pass setting, before == after
+        mod, inputs = C.random_program(n, seed)
+        args = inputs(rank)
+        want = C.compile_and_run(mod, args)
+        for pass_name in ("all_any_dim", "small_groups"):
+            got = C.compile_and_run(PASSES[pass_name]()(mod), args)
+            for i, (a, b) in enumerate(zip(want, got, strict=True)):
+                np.testing.assert_array_equal(b, a, err_msg=f"rank {rank} random program {seed} pass {pass_name} output {i}")
+                checks += 1
     (out / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "world_size": n, "checks": checks}))
 
 
