@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -497,8 +498,8 @@ def render(report: dict[str, Any]) -> str:
     for name, v in report["variants"].items():
         lines.append(f"               {name} (mean of ranks): " + ", ".join(f"{x:.6f}" for x in v["loss"]))
     for name, v in report["variants"].items():
-        for note in v["notes"]:
-            lines.append(f"{name}: {note}")
+        for note, count in Counter(v["notes"]).items():
+            lines.append(f"{name}: {note}" + (f" (x{count})" if count > 1 else ""))
     lines.append("OK: every equality holds" if report["ok"] else "FAILED: " + "; ".join(report["failures"]))
     return "\n".join(lines)
 

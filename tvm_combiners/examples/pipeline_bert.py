@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -416,8 +417,8 @@ def render(report: dict[str, Any]) -> str:
     lines.append(f"\nno overlap would take ~{o['sequential_estimate_ms']:.1f} ms (micro-batches x sum of stages); "
                  f"an ideal pipeline ~{o['ideal_pipeline_ms']:.1f} ms")
     for name, v in report["variants"].items():
-        for note in v["notes"]:
-            lines.append(f"{name}: {note}")
+        for note, count in Counter(v["notes"]).items():
+            lines.append(f"{name}: {note}" + (f" (x{count})" if count > 1 else ""))
     lines.append("OK: every equality holds" if report["ok"] else "FAILED: " + "; ".join(report["failures"]))
     return "\n".join(lines)
 
