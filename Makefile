@@ -45,8 +45,8 @@ bench: $(VENV)/.installed $(VENV_RELAY)/.installed
 # Differential fuzzing (not in CI's budget): FUZZ_EXAMPLES modules per pass family and IR, each of 1-8 graphs.
 fuzz: $(VENV)/.installed $(VENV_RELAY)/.installed
 	@status=0; \
-	FUZZ_EXAMPLES=$(or $(FUZZ_EXAMPLES),250) $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/fuzz || status=1; \
-	FUZZ_EXAMPLES=$(or $(FUZZ_EXAMPLES),250) $(VENV_RELAY)/bin/python -m pytest -q -p no:cacheprovider tests/relay/fuzz || status=1; \
+	FUZZ_EXAMPLES=$(or $(FUZZ_EXAMPLES),250) $(VENV)/bin/python -m pytest -q --tb=short -p no:cacheprovider tests/fuzz || status=1; \
+	FUZZ_EXAMPLES=$(or $(FUZZ_EXAMPLES),250) $(VENV_RELAY)/bin/python -m pytest -q --tb=short -p no:cacheprovider tests/relay/fuzz || status=1; \
 	exit $$status
 
 lint: $(VENV)/.installed

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import collections
+import json
+import os
 
 #: (ir, pass name) -> Counter of "graphs", "examples", "combined" (the pass changed the module).
 COUNTS: dict[tuple[str, str], collections.Counter] = collections.defaultdict(collections.Counter)
@@ -13,6 +15,10 @@ def record(ir: str, pass_name: str, graphs: int, changed: bool) -> None:
     c["examples"] += 1
     c["graphs"] += graphs
     c["combined"] += int(changed)
+    path = os.environ.get("FUZZ_STATS")  # a long run also leaves its counts behind as it goes
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"ir": ir, "pass": pass_name, "graphs": graphs, "changed": changed}) + "\n")
 
 
 def summary_lines() -> list[str]:

@@ -16,6 +16,8 @@ CAST_TO = {"float32": "float16", "float16": "float32", "int32": "float32"}
 UNARY = {"relu": relay.nn.relu, "sigmoid": relay.sigmoid, "tanh": relay.tanh, "gelu": relay.erf,
          "silu": lambda y: relay.nn.leaky_relu(y, alpha=0.1), "negative": relay.negative, "abs": relay.abs,
          "square": relay.floor}
+#: The VM needs a shape function for every op over a ``?`` shape; erf and abs have none in TVM 0.16.
+NO_SHAPE_FUNC = {"gelu": lambda y: relay.Call(relay.op.get("fast_tanh"), [y]), "abs": relay.negative}
 BINARY = {"add": relay.add, "subtract": relay.subtract, "multiply": relay.multiply, "maximum": relay.maximum,
           "minimum": relay.minimum, "divide": relay.divide}
 
@@ -123,6 +125,8 @@ class _GraphBuilder:
     def follower(self, f: Follower, y: relay.Expr, dtype: str, family: str, out: tuple,
                  branch: int) -> tuple[relay.Expr, str]:
         if f.op in UNARY:
+            if self.spec.symbolic and f.op in NO_SHAPE_FUNC:
+                return NO_SHAPE_FUNC[f.op](y), dtype
             return UNARY[f.op](y), dtype
         if f.op == "clip":
             return relay.clip(y, -1.0, 1.0), dtype
