@@ -80,7 +80,9 @@ def test_pipeline_on_2_ranks_equals_onnxruntime_and_combines_per_micro_batch():
     # 3 micro-batches x 4 tensors over the one hop; combined: one transfer per micro-batch
     assert (unc["sends"], unc["recvs"]) == (12, 12)
     assert (comb["sends"], comb["recvs"]) == (3, 3)
-    assert comb["notes"] == ["4 x send_recv -> 1 (24896 bytes)"] * 3
+    assert unc["send_bytes"] == [64, 128, 24576]  # the extended mask, ids and mask (int64), the hidden state
+    assert comb["send_bytes"] == [2 * 128 + 64 + 24576]
+    assert len(comb["notes"]) == 3  # one combined transfer per micro-batch
     for v in (unc, comb):
         assert max(v["max_abs_diff_vs_onnxruntime"].values()) <= 1e-4
         assert v["max_abs_diff_vs_uncombined"] == 0.0

@@ -339,7 +339,7 @@ def run(cfg: Config) -> dict[str, Any]:
     st = stages[rank]
     stage_args = [tvm.runtime.tensor(np.zeros([int(d) for d in v.ty.shape.values], str(v.ty.dtype)))
                   for v in st.inputs]
-    mine["stage_s"] = _time(lambda: vm[f"stage{rank}"](*stage_args), cfg.repeat, barrier=False)
+    mine["stage_s"] = _time(lambda: vm[f"stage{rank}"](*stage_args), cfg.repeat, barrier=True)
     gathered = comm().gather(mine, root=0)
     if rank != 0:
         return {}
