@@ -6,6 +6,9 @@ says so); ``--debug`` adds the traceback. With ``--json`` stdout holds exactly o
 the report or ``{"ok": false, "error": {...}}``; progress lines always go to stderr.
 
 A subcommand's module is imported only when that subcommand runs (``run`` never imports MPI).
+``launch --example dp-train|pipeline-bert`` runs a packaged example (:mod:`tvm_combiners.examples`)
+on the ranks; with ``--json`` rank 0 writes its report to a file the CLI then prints, so stdout
+holds one document for the whole job even when a rank dies first (then the error document).
 """
 
 from __future__ import annotations
