@@ -81,3 +81,17 @@ def test_dp_train_on_4_ranks_equals_one_process_on_the_full_batch():
         for got, want in zip(v["loss"], report["reference_loss"]):
             assert abs(got - want) <= 1e-5 * abs(want)
     assert "[dp-train]" in proc.stderr  # progress lines go to stderr
+
+
+def test_adam_from_tvm_builds_its_state_and_update():
+    # TVM 0.27's Adam.init raises on its own dtype (np.ones((), DataType)); the example's subclass fixes it
+    from tvm.relax.training import optimizer as opt
+
+    cfg = D.Config(optimizer="adam", lr=1e-3)
+    adam = D.make_optimizer(cfg)
+    assert isinstance(adam, opt.Adam)
+    n = len(D.param_shapes(cfg))
+    assert len(adam.state) == 3 + 2 * n  # steps, beta1^t, beta2^t, first and second moments
+    assert adam.dtype == "float32"
+    func = adam.get_function()
+    assert len(func.params) == 3 and len(func.params[0].ty.fields) == n
