@@ -382,8 +382,8 @@ def run(cfg: Config, threshold_bytes: int | None = None) -> dict[str, Any]:
 
     rank, world = get_rank(), world_size()
     # differences are relative to the scale of the whole gradient (or parameter) set: a tensor whose
-    # gradient is zero in exact arithmetic (the key bias: softmax ignores a per-query shift) has
-    # only rounding noise, which no per-tensor ratio can bound
+    # gradient is (nearly) zero in exact arithmetic holds only rounding noise, which no per-tensor
+    # ratio can bound
     progress(TAG, f"{world} ranks; building the step ({cfg.layers} layers, hidden {cfg.hidden}, "
                   f"{cfg.batch_per_rank} rows per rank)")
     names = variant_names()
