@@ -80,6 +80,25 @@ def test_chain_stays_two_and_skip_ahead_joins():
     _same_results(mod, new, _args(params))
 
 
+def test_groups_of_parameter_collectives_never_form_a_cycle():
+    """allreduce {a, d} and allgather {b, e} would each be fine, together they are a cycle
+    (b reads a, d reads e): only one of the two may combine, whichever the planner proves."""
+    params = [((4,), "float32"), ((4,), "float32")]
+
+    def body(bb, xs):
+        a = bb.emit(CR.allreduce(xs[0]))
+        b = bb.emit(CR.allgather(a, group=ONE))
+        e = bb.emit(CR.allgather(xs[1], group=ONE))
+        d = bb.emit(CR.allreduce(bb.emit(relax.op.add(e, e))))
+        return [a, b, d, e]
+
+    mod = _fn(params, body)
+    new, reports = _reports(CB.CombineCollectives, mod)
+    assert len(reports) == 1 and reports[0].num_ops == 2
+    relax.analysis.well_formed(new)
+    _same_results(mod, new, _args(params))
+
+
 def _allreduces(sizes):
     params = [((s,), "float32") for s in sizes]
     return _fn(params, lambda bb, xs: [bb.emit(CR.allreduce(x)) for x in xs]), params

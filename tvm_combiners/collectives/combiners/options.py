@@ -48,7 +48,7 @@ class CombinerOptions:
 
     @property
     def enabled(self) -> bool:
-        return self.threshold_bytes > 0 and self.threshold_count > 0
+        return self.threshold_bytes > 0 and self.threshold_count >= 2  # a group needs two ops
 
     def report(self, kind: str, num_ops: int, nbytes: int, key: Hashable) -> None:
         if self.on_combine is not None:

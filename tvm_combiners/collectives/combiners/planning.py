@@ -96,9 +96,33 @@ def group_transfers(graph: Graph, groups: Sequence[Sequence[int]], transfers: Se
     return sorted(out, key=lambda pair: pair[0][0])
 
 
+def _rooted(graph: Graph) -> Graph:
+    """The graph behind one entry node that every dependency-free node reads.
+
+    ``combine_by_key`` proves its groups acyclic while skipping nodes without dependencies (as
+    leaves), which is sound only if no such node is in a group; a collective of a function
+    parameter is one. Behind the entry node no group member is dependency-free.
+    """
+    out = Graph(dtype_bits=graph.dtype_bits)
+    out.add(op="entry", operands=(), deps=(), shape=None, dtype=None)
+    for node in graph.nodes:
+        deps = tuple(d + 1 for d in node.deps) or (0,)
+        out.add(op=node.op, operands=(), deps=deps, shape=node.shape, dtype=node.dtype, bits=node.bits)
+    return out
+
+
 def plan_region(graph: Graph, keys: Sequence[Hashable | None], transfers: Sequence[tuple[int, int, Hashable]],
                 threshold_bytes: int, threshold_count: int) -> RegionPlan:
     """Groups and a re-emission order for one region (``keys[i]``: node i's collective key or None)."""
+    shifted = _plan(_rooted(graph), [None, *keys], [(s + 1, r + 1, k) for s, r, k in transfers],
+                    threshold_bytes, threshold_count)
+    back = lambda members: [m - 1 for m in members]  # noqa: E731
+    order = [u if u < 0 else u - 1 for u in shifted.order if u != 0]
+    return RegionPlan([back(g) for g in shifted.groups], [(back(s), back(r)) for s, r in shifted.transfers], order)
+
+
+def _plan(graph: Graph, keys: Sequence[Hashable | None], transfers: Sequence[tuple[int, int, Hashable]],
+          threshold_bytes: int, threshold_count: int) -> RegionPlan:
     groups: list[list[int]] = []
     if any(k is not None for k in keys):
         groups = combine_by_key(graph, lambda node: keys[node.index], threshold_bytes, threshold_count)

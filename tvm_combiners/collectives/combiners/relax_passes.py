@@ -345,6 +345,7 @@ def _rebuild(units: list[tuple[Any, bool]], dataflow: bool) -> list[relax.Bindin
 def _combine_module(mod: tvm.IRModule, opts: CombinerOptions) -> tvm.IRModule:
     if not opts.enabled:
         return mod
+    original = mod
     if "send_recv" in opts.families:
         mod = CR.OrderSendRecv()(mod)  # sends before their recvs: the matches below rely on it
     bb = relax.BlockBuilder(mod)
@@ -371,7 +372,7 @@ def _combine_module(mod: tvm.IRModule, opts: CombinerOptions) -> tvm.IRModule:
         body = relax.SeqExpr(_rebuild(units, False), func.body.body)
         updates[gv] = relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
     if not updates:
-        return mod
+        return original  # nothing combined: the module as it came, not merely reordered
     out = bb.get()
     for gv, func in updates.items():
         out[gv] = relax.BlockBuilder().normalize(func)

@@ -250,6 +250,7 @@ def _used_channels(mod: tvm.IRModule) -> list[int]:
 def _combine_module(mod: tvm.IRModule, opts: CombinerOptions) -> tvm.IRModule:
     if not opts.enabled:
         return mod
+    original = mod
     if "send_recv" in opts.families:
         mod = CRL.OrderSendRecv()(mod)
     mod = relay.transform.InferType()(mod)
@@ -261,7 +262,7 @@ def _combine_module(mod: tvm.IRModule, opts: CombinerOptions) -> tvm.IRModule:
             if not new.same_as(func):
                 updates[gv] = new
     if not updates:
-        return mod
+        return original  # nothing combined: the module as it came
     new_mod = tvm.IRModule(dict(mod.functions.items()), mod.type_definitions, attrs=mod.attrs)
     for gv, func in updates.items():
         new_mod[gv] = func
