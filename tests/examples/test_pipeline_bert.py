@@ -99,9 +99,15 @@ def test_json_error_document_when_the_example_never_reports():
 
 
 def test_a_failed_equality_exits_non_zero_with_the_report():
-    code = ("import sys; from tvm_combiners.examples.report import finish; "
-            "sys.exit(finish({'example': 't', 'ok': False, 'failures': ['x differs']}, str, True))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 1
-    assert json.loads(proc.stdout) == {"example": "t", "ok": False, "failures": ["x differs"]}
-    assert "[t] FAILED: x differs" in proc.stderr
+    # one stage, nothing to send; a tolerance of 0 against onnxruntime cannot hold in float32
+    cmd = [EXE, "launch", "-n", "1", "--timeout", "120", "--example", "pipeline-bert", "--json", "--",
+           "--opt-level", "0", "--micro-batches", "2", "--repeat", "1", "--atol", "0"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["ok"] is False and report["ranks"] == 1
+    assert [f.split(" by ")[0] for f in report["failures"]] == ["uncombined: last stage differs from onnxruntime",
+                                                                "combined: last stage differs from onnxruntime"]
+    diff = max(report["variants"]["uncombined"]["max_abs_diff_vs_onnxruntime"].values())
+    assert 0 < diff <= 1e-4  # only the tolerance made it fail
+    assert "[pipeline-bert] FAILED: uncombined: last stage differs from onnxruntime" in proc.stderr
