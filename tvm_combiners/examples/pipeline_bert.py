@@ -34,7 +34,7 @@ class Config:
     seq: int = 16
     micro_batch: int = 1
     micro_batches: int = 4
-    repeat: int = 3
+    repeat: int = 5
     opt_level: int = 3
     atol: float = TOL  # the last stage vs onnxruntime
 
