@@ -351,7 +351,7 @@ def _build(params, steps):
     return _fn(params, body)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(programs(), st.sampled_from([(30 * 2**20 + 7, 256, True), (40, 2, False), (64, 3, True)]))
 def test_generated_programs_keep_results(program, limits):
     params, steps = program

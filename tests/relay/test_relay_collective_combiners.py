@@ -137,3 +137,36 @@ def test_prog_cases_combine(n):
         _, reports = _reports(CB.CombineCollectives, mod, combine_by_dim=False)
         kinds = {r.kind for r in reports}
         assert kinds == ({"allreduce", "allgather", "reduce_scatter"} if name == "collectives" else {"send_recv"})
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_dags_keep_results_one_rank(seed):
+    """Seeded random DAGs of collectives, transfers and compute (one rank): acyclic, equal results."""
+    rng = np.random.default_rng(seed)
+    params = [(((4,), (2, 3), (3, 2))[int(rng.integers(3))], str(rng.choice(["float32", "int32"]))) for _ in range(3)]
+    xs = _vars(*params)
+    values = list(xs)
+    types = [x.type_annotation for x in xs]
+    for channel in range(int(rng.integers(6, 16))):
+        pick = int(rng.integers(len(values)))
+        x, ty = values[pick], types[pick]
+        shape, dtype = tuple(int(d) for d in ty.shape), str(ty.dtype)
+        kind = int(rng.integers(5))
+        if kind == 0:
+            v = C.allreduce(x, str(rng.choice(["sum", "max"])))
+        elif kind == 1:
+            v = C.allgather(x, int(rng.integers(len(shape))), ONE)
+        elif kind == 2:
+            v = C.reduce_scatter(x, axis=int(rng.integers(len(shape))), group=ONE)
+        elif kind == 3:  # compute on two values of one type: a dependency between collectives
+            same = [w for w, t in zip(values, types) if tvm.ir.structural_equal(t, ty)]
+            v = relay.add(x, same[int(rng.integers(len(same)))])
+        else:
+            v = C.recv(shape, dtype, [[0, 0]], channel_id=channel, token=C.send(x, [[0, 0]], channel_id=channel))
+        values.append(v)
+        types.append(relay.transform.InferTypeLocal(v))
+    mod = _mod(xs, values[len(xs):])
+    for kw in ({}, {"threshold_bytes": 40, "threshold_count": 2}):
+        new = CB.CombineCollectives(combine_by_dim=False, **kw)(mod)
+        assert all(_count(new, k) <= _count(mod, k) for k in ("allreduce", "allgather", "reduce_scatter", "send"))
+        _same_results(mod, new, params)
