@@ -78,3 +78,13 @@ def test_deterministic_and_linear_shape():
     first = combine_by_key(g, by_key, threshold_count=256)
     assert first == combine_by_key(g, by_key, threshold_count=256)
     assert [len(m) for m in first] == [200, 200]
+
+
+def test_members_without_inputs_still_order_their_users():
+    # r0, r1 read nothing (a recv with a fresh token); a: reads r0, opens key "x"; b reads a and is
+    # key "y" like r1... Grouping {r0, r1} (key y) and {a, c} (key x) where r1 reads c would cycle:
+    # the proof must see r0's users even though r0 itself has no inputs.
+    g = build([("y", [], 4), ("x", [0], 4), ("x", [], 4), ("y", [2], 4), (None, [1, 3], 1)])
+    groups = combine_by_key(g, by_key)
+    # {0, 3} (y) and {1, 2} (x): 1 reads 0 and 3 reads 2 -> the two groups would depend on each other
+    assert groups in ([[0, 3]], [[1, 2]])

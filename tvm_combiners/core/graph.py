@@ -249,13 +249,17 @@ def contracted_order(graph: Graph, groups: Sequence[Sequence[int]], is_leaf: Cal
     for g, members in enumerate(groups):
         for m in members:
             owner[m] = -1 - g
+
+    def skipped(node: int) -> bool:  # a group member is never a leaf: its users depend on the group
+        return node not in owner and is_leaf(node)
+
     deps: dict[int, set[int]] = {}
     for node in graph.nodes:
-        if is_leaf(node.index):
+        if skipped(node.index):
             continue
         u = owner.get(node.index, node.index)
         own = deps.setdefault(u, set())
-        own.update(owner.get(d, d) for d in node.deps if not is_leaf(d))
+        own.update(owner.get(d, d) for d in node.deps if not skipped(d))
         own.discard(u)
     users: dict[int, list[int]] = {u: [] for u in deps}
     pending = {u: len(d) for u, d in deps.items()}
