@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -331,17 +330,14 @@ def _flat(arrays: Any) -> np.ndarray:
 
 
 def run_steps(vm: Any, func: str, cfg: Config, world: int, rank: int | None, params: dict[str, np.ndarray],
-              state: Any, repeat: int) -> dict[str, Any]:
-    """``cfg.steps`` steps of ``func``; rank None = the full batch. Flat grads/params after every step.
-
-    Then ``repeat`` more calls of the first step (results dropped), each after a barrier, timed.
-    """
+              state: Any) -> dict[str, Any]:
+    """``cfg.steps`` steps of ``func``; rank None = the full batch. Flat grads/params after every step,
+    and the first step's arguments (``first``) for timing."""
     import tvm
 
-    from .report import comm
 
     cur = [tvm.runtime.tensor(v) for v in params.values()]
-    out: dict[str, Any] = {"loss": [], "grads": [], "params": [], "time": []}
+    out: dict[str, Any] = {"loss": [], "grads": [], "params": []}
     for step in range(cfg.steps):
         x, y = full_batch(cfg, world, step)
         if rank is not None:
@@ -354,19 +350,7 @@ def run_steps(vm: Any, func: str, cfg: Config, world: int, rank: int | None, par
         out["loss"].append(float(loss.numpy()))
         out["grads"].append(_flat(grads))
         out["params"].append(_flat(cur))
-    for _ in range(repeat):
-        comm().Barrier()  # short: every rank is here within milliseconds
-        start = time.perf_counter()
-        vm[func](*first[0], *first[1], first[2])
-        out["time"].append(time.perf_counter() - start)
-    if repeat and rank is not None:  # the allreduces alone, on this step's gradients
-        grads = [tvm.runtime.tensor(np.zeros(v.shape, "float32")) for v in params.values()]
-        out["sync_time"] = []
-        for _ in range(repeat * 4):
-            comm().Barrier()
-            start = time.perf_counter()
-            vm["sync"](*grads)
-            out["sync_time"].append(time.perf_counter() - start)
+    out["first"] = first
     return out
 
 
@@ -378,7 +362,7 @@ def run(cfg: Config, threshold_bytes: int | None = None) -> dict[str, Any]:
     from ..collectives import relax as C
     from ..collectives.runtime import rank as get_rank
     from ..collectives.runtime import world_size
-    from .report import comm, compile_shared, max_abs, progress, rel_diff
+    from .report import comm, compile_shared, interleaved_times, max_abs, progress, rel_diff
 
     rank, world = get_rank(), world_size()
     # differences are relative to the scale of the whole gradient (or parameter) set: a tensor whose
@@ -404,15 +388,23 @@ def run(cfg: Config, threshold_bytes: int | None = None) -> dict[str, Any]:
     params = init_params(cfg)
     sizes = [int(np.prod(s)) for s in param_shapes(cfg).values()]
     results = {}
+    vms = {v.name: relax.VirtualMachine(libs[v.name], tvm.cpu()) for v in variants}
     for v in variants:
         progress(TAG, f"running {cfg.steps} steps of {v.name}")
-        vm = relax.VirtualMachine(libs[v.name], tvm.cpu())
-        results[v.name] = run_steps(vm, "step", cfg, world, rank, params, optimizer.state, cfg.repeat)
+        results[v.name] = run_steps(vms[v.name], "step", cfg, world, rank, params, optimizer.state)
+    progress(TAG, f"timing the step and its allreduces ({cfg.repeat} runs each, programs taking turns)")
+    zero_grads = [tvm.runtime.tensor(np.zeros(s, "float32")) for s in param_shapes(cfg).values()]
+    step_s = interleaved_times({name: (lambda vm=vm, a=results[name].pop("first"): vm["step"](*a[0], *a[1], a[2]))
+                                for name, vm in vms.items()}, cfg.repeat)
+    sync_s = interleaved_times({name: (lambda vm=vm: vm["sync"](*zero_grads)) for name, vm in vms.items()}, 4 * cfg.repeat)
+    for name in vms:
+        results[name]["time"], results[name]["sync_time"] = step_s[name], sync_s[name]
     reference = None
     if rank == 0:
         progress(TAG, "rank 0: the single-process step on the full batch (reference)")
         vm = relax.VirtualMachine(libs["naive"], tvm.cpu())
-        reference = run_steps(vm, "step_local", cfg, world, None, params, optimizer.state, 0)
+        reference = run_steps(vm, "step_local", cfg, world, None, params, optimizer.state)
+        reference.pop("first")
     gathered = comm().gather(results, root=0)
     if rank != 0:
         return {}
@@ -443,8 +435,8 @@ def run(cfg: Config, threshold_bytes: int | None = None) -> dict[str, Any]:
                        for res in per_rank for s in range(cfg.steps))
         losses = [float(np.mean([res["loss"][s] for res in per_rank])) for s in range(cfg.steps)]
         loss_vs_ref = max(abs(a - b) / abs(b) for a, b in zip(losses, reference["loss"]))
-        step_s = max(float(np.median(res["time"])) for res in per_rank)
-        sync_s = max(float(np.median(res["sync_time"])) for res in per_rank)
+        step_s = max(res["time"] for res in per_rank)
+        sync_s = max(res["sync_time"] for res in per_rank)
         report["variants"][v.name] = {
             "allreduces": len(v.allreduce_bytes),
             "bucket_bytes": v.allreduce_bytes if len(v.allreduce_bytes) <= 8 else [min(v.allreduce_bytes), max(v.allreduce_bytes)],

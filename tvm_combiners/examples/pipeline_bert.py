@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -283,19 +282,6 @@ def send_recv_combiner() -> Any:
     return None
 
 
-def _time(call: Any, repeat: int, barrier: bool) -> float:
-    from .report import comm
-
-    times = []
-    for _ in range(repeat):
-        if barrier:
-            comm().Barrier()
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
-
-
 def run(cfg: Config) -> dict[str, Any]:
     """The whole job (every rank calls it); rank 0 returns the report, the others an empty dict."""
     import tvm
@@ -305,7 +291,7 @@ def run(cfg: Config) -> dict[str, Any]:
     from ..collectives.runtime import rank as get_rank
     from ..collectives.runtime import world_size
     from ..models import default_model_path, example_inputs, import_relax, prepare_onnx, run_onnxruntime
-    from .report import comm, compile_shared, max_abs, progress
+    from .report import comm, compile_shared, interleaved_times, max_abs, progress
 
     rank, world = get_rank(), world_size()
     path = default_model_path()
@@ -328,19 +314,20 @@ def run(cfg: Config) -> dict[str, Any]:
     args = [tvm.runtime.tensor(np.array(rank, "int32"))]
     args += [tvm.runtime.tensor(inputs[m][name]) for m in range(cfg.micro_batches) for name in names]
     mine: dict[str, Any] = {"outputs": {}, "time": {}}
-    for name in variants:
+    vms = {name: relax.VirtualMachine(libs[name], tvm.cpu()) for name in variants}
+    for name, vm in vms.items():
         progress(TAG, f"running {name} ({cfg.micro_batches} micro-batches)")
-        vm = relax.VirtualMachine(libs[name], tvm.cpu())
         outs = vm["main"](*args)
         if rank == world - 1:
             mine["outputs"][name] = [[o.numpy() for o in mb] for mb in outs]
-        mine["time"][name] = _time(lambda vm=vm: vm["main"](*args), cfg.repeat, barrier=True)
+    progress(TAG, f"timing ({cfg.repeat} runs each, programs taking turns)")
+    mine["time"] = interleaved_times({name: (lambda vm=vm: vm["main"](*args)) for name, vm in vms.items()}, cfg.repeat)
     # this rank's stage alone, on zeros of its input types: the time the pipeline overlaps
     vm = relax.VirtualMachine(libs["uncombined"], tvm.cpu())
     st = stages[rank]
     stage_args = [tvm.runtime.tensor(np.zeros([int(d) for d in v.ty.shape.values], str(v.ty.dtype)))
                   for v in st.inputs]
-    mine["stage_s"] = _time(lambda: vm[f"stage{rank}"](*stage_args), cfg.repeat, barrier=True)
+    mine["stage_s"] = interleaved_times({"stage": lambda: vm[f"stage{rank}"](*stage_args)}, cfg.repeat)["stage"]
     gathered = comm().gather(mine, root=0)
     if rank != 0:
         return {}

@@ -137,3 +137,20 @@ def table(rows: list[list[Any]], header: list[str]) -> str:
 def add_output_options(parser: Any) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON document on rank 0's stdout")
     parser.add_argument("--json-out", default=None, metavar="FILE", help="write the JSON document to FILE (rank 0)")
+
+
+def interleaved_times(calls: dict[str, Callable[[], Any]], repeat: int) -> dict[str, float]:
+    """Median seconds of each call, every rank starting together (a barrier before each call).
+
+    The programs take turns (round r runs them in order, the next round in reverse), so a
+    machine that gets busier or quieter during the run favours none of them.
+    """
+    names = list(calls)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeat):
+        for name in names if r % 2 == 0 else reversed(names):
+            comm().Barrier()  # short: every rank is here within milliseconds
+            start = time.perf_counter()
+            calls[name]()
+            times[name].append(time.perf_counter() - start)
+    return {name: float(np.median(t)) for name, t in times.items()}
