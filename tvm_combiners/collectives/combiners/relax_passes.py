@@ -18,6 +18,7 @@ untouched).
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Hashable
 from typing import Any
 
@@ -25,7 +26,6 @@ import tvm
 from tvm import ir, relax
 
 from ...core.graph import Graph
-from .. import relax as CR
 from .. import spec as S
 from ..ordering import OrderNode, plan_send_recv_order
 from . import tir_kernels
@@ -44,6 +44,18 @@ from .options import CombinerOptions, make_options
 from .planning import plan_region
 
 _CCL = ("relax.ccl.allreduce", "relax.ccl.allgather")
+
+
+
+class _LazyOps:
+    """``tvm_combiners.collectives.relax``, imported on first use: that module re-exports these passes,
+    so importing it here at load time would be circular."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(importlib.import_module("..relax", __package__), name)
+
+
+CR = _LazyOps()
 
 
 def _static(ty: Any) -> tuple[tuple[int, ...], str] | None:

@@ -14,6 +14,7 @@ depends on its matched send through tokens; matches are read the way that pass r
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Hashable
 from typing import Any
 
@@ -21,7 +22,6 @@ import tvm
 from tvm import relay
 
 from ...core.graph import Graph, ir_dtype_bits
-from .. import relay as CRL
 from .. import spec as S
 from ..ordering import plan_send_recv_order
 from .keys import (
@@ -38,6 +38,18 @@ from .options import CombinerOptions, make_options
 from .planning import plan_region
 
 _DTYPE_BITS = ir_dtype_bits(tvm.DataType)
+
+
+
+class _LazyOps:
+    """``tvm_combiners.collectives.relay``, imported on first use: that module re-exports these passes,
+    so importing it here at load time would be circular."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(importlib.import_module("..relay", __package__), name)
+
+
+CRL = _LazyOps()
 
 
 def _static(ty: Any) -> tuple[tuple[int, ...], str] | None:
