@@ -116,6 +116,16 @@ def test_byte_threshold_is_exact():
     assert [(r.num_ops, r.nbytes) for r in exact] == [(2, 384)] and _count(new, "allreduce") == 1
 
 
+def test_large_ops_left_alone_unless_asked():
+    mod, _ = _allreduces([32 << 10, 32 << 10, 24, 25])  # 128 KiB, 128 KiB, 96 B, 100 B
+    assert [r.num_ops for r in _reports(CB.AllReduceCombiner, mod)[1]] == [2]  # auto on CPU: 64 KiB cap
+    assert [r.num_ops for r in _reports(CB.AllReduceCombiner, mod, max_op_bytes=None)[1]] == [4]
+    assert [(r.num_ops, r.nbytes) for r in _reports(CB.AllReduceCombiner, mod, max_op_bytes=100)[1]] == [(2, 196)]
+    assert _reports(CB.AllReduceCombiner, mod, max_op_bytes=99)[1] == []  # 100 B is one byte over
+    with tvm.target.Target({"kind": "cuda", "arch": "sm_90"}, host="llvm"):  # GPU copies are cheap: 8 MiB cap
+        assert [r.num_ops for r in _reports(CB.AllReduceCombiner, mod)[1]] == [4]
+
+
 def test_count_threshold_is_exact():
     mod, _ = _allreduces([2] * 5)
     assert [r.num_ops for r in _reports(CB.AllReduceCombiner, mod, threshold_count=2)[1]] == [2, 2]
@@ -284,6 +294,7 @@ def test_pass_names_sequential_disabled_and_compile():
     ({"threshold_bytes": True}, "AllGatherCombiner: threshold_bytes must be an int (<= 0 disables the pass), got bool True"),
     ({"combine_by_dim": 1}, "AllGatherCombiner: combine_by_dim must be a bool, got int 1"),
     ({"on_combine": 3}, "AllGatherCombiner: on_combine must be callable or None, got int"),
+    ({"max_op_bytes": 0}, "AllGatherCombiner: max_op_bytes must be 'auto', None (no cap) or an int > 0, got 0"),
 ])
 def test_option_validation(kw, message):
     with pytest.raises(TypeError) as err:

@@ -71,6 +71,10 @@ def test_thresholds_exact():
     assert [r.num_ops for r in _reports(CB.AllReduceCombiner, mod, threshold_count=2)[1]] == [2]
     assert [r.num_ops for r in _reports(CB.AllReduceCombiner, mod, threshold_count=3)[1]] == [3]
     assert CB.CombineCollectives(threshold_bytes=0)(mod).same_as(mod)
+    big = _vars(((32 << 10,), "float32"), ((32 << 10,), "float32"))
+    big_mod = _mod(big, [C.allreduce(x) for x in big])
+    assert _reports(CB.AllReduceCombiner, big_mod)[1] == []  # 128 KiB each: over the CPU cap
+    assert [r.num_ops for r in _reports(CB.AllReduceCombiner, big_mod, max_op_bytes=None)[1]] == [2]
 
 
 def test_mixed_keys_stay_apart_and_by_dim():

@@ -112,8 +112,15 @@ def _rooted(graph: Graph) -> Graph:
 
 
 def plan_region(graph: Graph, keys: Sequence[Hashable | None], transfers: Sequence[tuple[int, int, Hashable]],
-                threshold_bytes: int, threshold_count: int) -> RegionPlan:
-    """Groups and a re-emission order for one region (``keys[i]``: node i's collective key or None)."""
+                threshold_bytes: int, threshold_count: int, max_op_bytes: int | None = None) -> RegionPlan:
+    """Groups and a re-emission order for one region (``keys[i]``: node i's collective key or None).
+
+    Ops above ``max_op_bytes`` are left alone (packing them would cost more than it saves).
+    """
+    if max_op_bytes is not None:
+        small = [n.nbytes is not None and n.nbytes <= max_op_bytes for n in graph.nodes]
+        keys = [k if small[i] else None for i, k in enumerate(keys)]
+        transfers = [t for t in transfers if small[t[0]]]
     shifted = _plan(_rooted(graph), [None, *keys], [(s + 1, r + 1, k) for s, r, k in transfers],
                     threshold_bytes, threshold_count)
     back = lambda members: [m - 1 for m in members]  # noqa: E731

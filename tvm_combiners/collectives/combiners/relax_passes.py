@@ -13,6 +13,13 @@ barrier (nothing moves across it). The region is re-emitted in the contracted or
 returns. A combined group is: one pack kernel (``call_tir``), the collective on the flat buffer,
 one unpack kernel whose outputs are bound to the members' original variables (so users are
 untouched).
+
+Options (every pass): ``threshold_bytes`` / ``threshold_count`` bound one combined op (payload
+bytes per rank, exact; <= 0 or a count below 2 disables the pass); ``on_combine`` gets a
+:class:`~.options.CombineReport` per combined op; ``combine_by_dim`` (allgather, reduce_scatter)
+lets any axes share one op; keyword-only ``max_op_bytes`` leaves larger ops alone (``"auto"``:
+64 KiB when compiling for a CPU or outside a target, 8 MiB for GPU targets; None: no cap),
+because packing copies every byte twice.
 """
 
 from __future__ import annotations
@@ -126,6 +133,7 @@ class _FunctionCombiner:
         self.opts = opts
         self.channels = channels
         self.kernels = kernels  # generated source -> its PrimFunc in the module (shared, deduplicated)
+        self.cap = opts.op_cap()
 
     # ------------------------------------------------------------------ regions
     def combine_units(self, units: list[tuple[Any, bool]], dataflow: bool) -> tuple[list[tuple[Any, bool]], bool]:
@@ -160,7 +168,7 @@ class _FunctionCombiner:
                 defined[b.var] = i
         transfers = self._match(graph, ops) if not dataflow else []
         keys = [op.key if op is not None and op.family not in ("send", "recv") else None for op in ops]
-        plan = plan_region(graph, keys, transfers, self.opts.threshold_bytes, self.opts.threshold_count)
+        plan = plan_region(graph, keys, transfers, self.opts.threshold_bytes, self.opts.threshold_count, self.cap)
         if not plan.changed:
             return units, False
         groups = plan.units
@@ -391,9 +399,9 @@ def _combine_module(mod: tvm.IRModule, opts: CombinerOptions) -> tvm.IRModule:
     return out
 
 
-def _make(pass_name: str, threshold_bytes: int, threshold_count: int, on_combine: Any,
+def _make(pass_name: str, threshold_bytes: int, threshold_count: int, on_combine: Any, max_op_bytes: Any,
           combine_by_dim: bool = True) -> tvm.transform.Pass:
-    opts = make_options(pass_name, threshold_bytes, threshold_count, on_combine, combine_by_dim)
+    opts = make_options(pass_name, threshold_bytes, threshold_count, on_combine, combine_by_dim, max_op_bytes)
 
     def transform(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         return _combine_module(mod, opts)
@@ -402,33 +410,33 @@ def _make(pass_name: str, threshold_bytes: int, threshold_count: int, on_combine
 
 
 def AllReduceCombiner(threshold_bytes: int = DEFAULT_THRESHOLD_BYTES, threshold_count: int = DEFAULT_THRESHOLD_COUNT,  # noqa: N802
-                      on_combine: Any = None) -> tvm.transform.Pass:
+                      on_combine: Any = None, *, max_op_bytes: Any = "auto") -> tvm.transform.Pass:
     """Combine independent allreduces of one key (ours and ``R.ccl.allreduce``) into one each."""
-    return _make("AllReduceCombiner", threshold_bytes, threshold_count, on_combine)
+    return _make("AllReduceCombiner", threshold_bytes, threshold_count, on_combine, max_op_bytes)
 
 
 def AllGatherCombiner(threshold_bytes: int = DEFAULT_THRESHOLD_BYTES, threshold_count: int = DEFAULT_THRESHOLD_COUNT,  # noqa: N802
-                      on_combine: Any = None, combine_by_dim: bool = True) -> tvm.transform.Pass:
+                      on_combine: Any = None, combine_by_dim: bool = True, *, max_op_bytes: Any = "auto") -> tvm.transform.Pass:
     """Combine independent allgathers (and ``R.ccl.allgather``); ``combine_by_dim=False``: any axes together."""
-    return _make("AllGatherCombiner", threshold_bytes, threshold_count, on_combine, combine_by_dim)
+    return _make("AllGatherCombiner", threshold_bytes, threshold_count, on_combine, max_op_bytes, combine_by_dim)
 
 
 def ReduceScatterCombiner(threshold_bytes: int = DEFAULT_THRESHOLD_BYTES, threshold_count: int = DEFAULT_THRESHOLD_COUNT,  # noqa: N802
-                          on_combine: Any = None, combine_by_dim: bool = True) -> tvm.transform.Pass:
+                          on_combine: Any = None, combine_by_dim: bool = True, *, max_op_bytes: Any = "auto") -> tvm.transform.Pass:
     """Combine independent reduce_scatters; ``combine_by_dim=False``: any axes together."""
-    return _make("ReduceScatterCombiner", threshold_bytes, threshold_count, on_combine, combine_by_dim)
+    return _make("ReduceScatterCombiner", threshold_bytes, threshold_count, on_combine, max_op_bytes, combine_by_dim)
 
 
 def SendRecvCombiner(threshold_bytes: int = DEFAULT_THRESHOLD_BYTES, threshold_count: int = DEFAULT_THRESHOLD_COUNT,  # noqa: N802
-                     on_combine: Any = None) -> tvm.transform.Pass:
+                     on_combine: Any = None, *, max_op_bytes: Any = "auto") -> tvm.transform.Pass:
     """Send transfers with the same pairs and independent payloads as one (fresh channel ids)."""
-    return _make("SendRecvCombiner", threshold_bytes, threshold_count, on_combine)
+    return _make("SendRecvCombiner", threshold_bytes, threshold_count, on_combine, max_op_bytes)
 
 
 def CombineCollectives(threshold_bytes: int = DEFAULT_THRESHOLD_BYTES, threshold_count: int = DEFAULT_THRESHOLD_COUNT,  # noqa: N802
-                       on_combine: Any = None, combine_by_dim: bool = True) -> tvm.transform.Pass:
+                       on_combine: Any = None, combine_by_dim: bool = True, *, max_op_bytes: Any = "auto") -> tvm.transform.Pass:
     """All four combiners in one pass."""
-    return _make("CombineCollectives", threshold_bytes, threshold_count, on_combine, combine_by_dim)
+    return _make("CombineCollectives", threshold_bytes, threshold_count, on_combine, max_op_bytes, combine_by_dim)
 
 
 __all__ = ["AllReduceCombiner", "AllGatherCombiner", "ReduceScatterCombiner", "SendRecvCombiner", "CombineCollectives"]

@@ -9,6 +9,8 @@ dtypes, so in Relay allgathers and transfers of different dtypes stay apart.
 
 Sends and recvs: :func:`~tvm_combiners.collectives.relay.OrderSendRecv` runs first, so every recv
 depends on its matched send through tokens; matches are read the way that pass reads them.
+Options as in :mod:`.relax_passes` (``max_op_bytes="auto"`` is 64 KiB here: Relay passes run
+before ``relay.build``, outside any target context).
 """
 
 from __future__ import annotations
@@ -233,7 +235,7 @@ def _combine_function(func: relay.Function, opts: CombinerOptions, channels: _Ch
                 transfers.append((s, r, ops[s].key))
         transfers.sort()
     keys = [op.key if op is not None and op.family not in ("send", "recv") else None for op in ops]
-    region = plan_region(graph, keys, transfers, opts.threshold_bytes, opts.threshold_count)
+    region = plan_region(graph, keys, transfers, opts.threshold_bytes, opts.threshold_count, opts.op_cap())
     if not region.changed:
         return func
     groups: list[tuple[str, list[_Op], int | None]] = [("collective", [ops[m] for m in g], None) for g in region.groups]
@@ -281,9 +283,9 @@ def _combine_module(mod: tvm.IRModule, opts: CombinerOptions) -> tvm.IRModule:
     return relay.transform.InferType()(new_mod)
 
 
-def _make(pass_name: str, threshold_bytes: int, threshold_count: int, on_combine: Any,
+def _make(pass_name: str, threshold_bytes: int, threshold_count: int, on_combine: Any, max_op_bytes: Any,
           combine_by_dim: bool = True) -> tvm.transform.Pass:
-    opts = make_options(pass_name, threshold_bytes, threshold_count, on_combine, combine_by_dim)
+    opts = make_options(pass_name, threshold_bytes, threshold_count, on_combine, combine_by_dim, max_op_bytes)
 
     def transform(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         return _combine_module(mod, opts)
@@ -292,33 +294,33 @@ def _make(pass_name: str, threshold_bytes: int, threshold_count: int, on_combine
 
 
 def AllReduceCombiner(threshold_bytes: int = DEFAULT_THRESHOLD_BYTES, threshold_count: int = DEFAULT_THRESHOLD_COUNT,  # noqa: N802
-                      on_combine: Any = None) -> tvm.transform.Pass:
+                      on_combine: Any = None, *, max_op_bytes: Any = "auto") -> tvm.transform.Pass:
     """Combine independent allreduces of one key into one each."""
-    return _make("AllReduceCombiner", threshold_bytes, threshold_count, on_combine)
+    return _make("AllReduceCombiner", threshold_bytes, threshold_count, on_combine, max_op_bytes)
 
 
 def AllGatherCombiner(threshold_bytes: int = DEFAULT_THRESHOLD_BYTES, threshold_count: int = DEFAULT_THRESHOLD_COUNT,  # noqa: N802
-                      on_combine: Any = None, combine_by_dim: bool = True) -> tvm.transform.Pass:
+                      on_combine: Any = None, combine_by_dim: bool = True, *, max_op_bytes: Any = "auto") -> tvm.transform.Pass:
     """Combine independent allgathers of one dtype; ``combine_by_dim=False``: any axes together."""
-    return _make("AllGatherCombiner", threshold_bytes, threshold_count, on_combine, combine_by_dim)
+    return _make("AllGatherCombiner", threshold_bytes, threshold_count, on_combine, max_op_bytes, combine_by_dim)
 
 
 def ReduceScatterCombiner(threshold_bytes: int = DEFAULT_THRESHOLD_BYTES, threshold_count: int = DEFAULT_THRESHOLD_COUNT,  # noqa: N802
-                          on_combine: Any = None, combine_by_dim: bool = True) -> tvm.transform.Pass:
+                          on_combine: Any = None, combine_by_dim: bool = True, *, max_op_bytes: Any = "auto") -> tvm.transform.Pass:
     """Combine independent reduce_scatters; ``combine_by_dim=False``: any axes together."""
-    return _make("ReduceScatterCombiner", threshold_bytes, threshold_count, on_combine, combine_by_dim)
+    return _make("ReduceScatterCombiner", threshold_bytes, threshold_count, on_combine, max_op_bytes, combine_by_dim)
 
 
 def SendRecvCombiner(threshold_bytes: int = DEFAULT_THRESHOLD_BYTES, threshold_count: int = DEFAULT_THRESHOLD_COUNT,  # noqa: N802
-                     on_combine: Any = None) -> tvm.transform.Pass:
+                     on_combine: Any = None, *, max_op_bytes: Any = "auto") -> tvm.transform.Pass:
     """Send transfers with the same pairs, dtype and independent payloads as one (fresh channel ids)."""
-    return _make("SendRecvCombiner", threshold_bytes, threshold_count, on_combine)
+    return _make("SendRecvCombiner", threshold_bytes, threshold_count, on_combine, max_op_bytes)
 
 
 def CombineCollectives(threshold_bytes: int = DEFAULT_THRESHOLD_BYTES, threshold_count: int = DEFAULT_THRESHOLD_COUNT,  # noqa: N802
-                       on_combine: Any = None, combine_by_dim: bool = True) -> tvm.transform.Pass:
+                       on_combine: Any = None, combine_by_dim: bool = True, *, max_op_bytes: Any = "auto") -> tvm.transform.Pass:
     """All four combiners in one pass."""
-    return _make("CombineCollectives", threshold_bytes, threshold_count, on_combine, combine_by_dim)
+    return _make("CombineCollectives", threshold_bytes, threshold_count, on_combine, max_op_bytes, combine_by_dim)
 
 
 __all__ = ["AllReduceCombiner", "AllGatherCombiner", "ReduceScatterCombiner", "SendRecvCombiner", "CombineCollectives"]
