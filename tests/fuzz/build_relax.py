@@ -186,15 +186,17 @@ def _function(bb: relax.BlockBuilder, builders: list[_GraphBuilder], name: str) 
 
 def build_module(spec: ModuleSpec) -> tvm.IRModule:
     """Graphs inline in ``main``'s one dataflow block, or each its own function that ``main`` calls."""
-    rng = np.random.default_rng(spec.seed)
+    def rng(i: int) -> np.random.Generator:  # one stream per graph: dropping a graph keeps the others' data
+        return np.random.default_rng([spec.seed, i])
+
     if not spec.calls:
         bb = relax.BlockBuilder()
-        builders = [_GraphBuilder(bb, g, rng, f"g{i}_") for i, g in enumerate(spec.graphs)]
+        builders = [_GraphBuilder(bb, g, rng(i), f"g{i}_") for i, g in enumerate(spec.graphs)]
         return relax.transform.Normalize()(tvm.IRModule({"main": _function(bb, builders, "main")}))
     funcs = {}
     for i, g in enumerate(spec.graphs):
         bb = relax.BlockBuilder()
-        funcs[f"g{i}"] = _function(bb, [_GraphBuilder(bb, g, rng, f"g{i}_")], f"g{i}")
+        funcs[f"g{i}"] = _function(bb, [_GraphBuilder(bb, g, rng(i), f"g{i}_")], f"g{i}")
     bb = relax.BlockBuilder()
     params, calls = [], []
     for i, func in enumerate(funcs.values()):

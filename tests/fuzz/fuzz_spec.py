@@ -153,24 +153,32 @@ def followers(draw, ir: str, dtype: str, family: str) -> Follower:
 def graph_specs(draw, ir: str, families: tuple[str, ...], dtypes: tuple[str, ...]) -> GraphSpec:
     dtype = draw(st.sampled_from(dtypes))
     allowed = [f for f in families if f != "conv2d" or _floaty(dtype)] or ["matmul"]
-    n_sources = draw(st.sampled_from([1, 1, 2, 3]))  # few sources: more branches share one
+    n_sources = draw(st.sampled_from([1, 2, 2, 3]))  # few sources: more branches share one
     sources: list[Source] = []
-    for i in range(n_sources):
+    for _ in range(n_sources):
+        pooled = [s for s in sources if s.kind in ("concat", "layer_norm")]
+        if pooled and draw(st.integers(0, 3)):
+            # a sibling of an earlier source over the same operands in another order or multiplicity:
+            # f(a, a, b) beside f(a, b, b), the inputs value numbering must keep apart
+            like = pooled[-1]
+            a, _, c = like.picks
+            shifted = (a, c, c) if like.picks != (a, c, c) else (a, a, c)
+            anyhow = st.lists(st.sampled_from(sorted(set(like.picks))), min_size=3, max_size=3).map(tuple)
+            picks = shifted if draw(st.integers(0, 3)) else draw(anyhow)
+            sources.append(Source(like.family, like.kind, picks))
+            continue
         family = draw(st.sampled_from(allowed))
         kinds = ["param", "concat"] + (["layer_norm"] if _floaty(dtype) and family != "conv2d" else [])
         earlier = [j for j, s in enumerate(sources) if s.kind == "param" and s.family == family]
         if earlier:
             kinds.append("copy")
         kind = draw(st.sampled_from(kinds))
-        if kind in ("concat", "layer_norm"):
-            # a small pool (3 operands) with repetition: f(a, a, b) and f(a, b, b) are likely neighbours
-            picks = tuple(draw(st.lists(st.integers(0, 2), min_size=3, max_size=3)))
-            sources.append(Source(family, kind, picks))
+        if kind in ("concat", "layer_norm"):  # over a pool of three operands, repeats allowed
+            sources.append(Source(family, kind, tuple(draw(st.lists(st.integers(0, 2), min_size=3, max_size=3)))))
         elif kind == "copy":
             sources.append(Source(family, "copy", of=draw(st.sampled_from(earlier))))
         else:
             sources.append(Source(family, "param"))
-        del i
     n_branches = draw(st.integers(1, 6))
     common = None
     branches: list[Branch] = []
