@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import time
@@ -302,3 +303,12 @@ def test_cuda_dispatch_uses_nccl_on_the_stream_or_stages(monkeypatch: pytest.Mon
     nccl.allreduce("n", "", grp, _FakeCudaTensor((3,), "int32"), "avg", _FakeCudaTensor((3,), "int32"))
     assert staged == ["allgather", "reduce_scatter", "allreduce", "allreduce"]
     assert len(calls) == 5
+
+
+def test_ranks_share_the_cores_between_their_thread_pools() -> None:
+    from tvm_combiners.collectives.runtime.launch import rank_environment
+
+    cores = os.cpu_count() or 1
+    assert rank_environment(2, {})["TVM_NUM_THREADS"] == str(max(1, cores // 2))
+    assert rank_environment(cores * 4, {})["TVM_NUM_THREADS"] == "1"
+    assert rank_environment(2, {"TVM_NUM_THREADS": "7", "X": "y"}) == {"TVM_NUM_THREADS": "7", "X": "y"}

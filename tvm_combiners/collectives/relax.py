@@ -40,6 +40,11 @@ __all__ = [
     "info",
     "is_collective",
     "OrderSendRecv",
+    "AllReduceCombiner",
+    "AllGatherCombiner",
+    "ReduceScatterCombiner",
+    "SendRecvCombiner",
+    "CombineCollectives",
     "pipeline",
 ]
 
@@ -424,3 +429,12 @@ def pipeline(target: Any, before: Sequence[tvm.transform.Pass] = ()) -> tvm.tran
     target = tvm.target.Target(target) if isinstance(target, (str, dict)) else target
     passes = [*before, OrderSendRecv(), relax.get_default_pipeline(target)]
     return tvm.transform.Sequential(passes, name="collectives_pipeline")
+
+
+from .combiners.relax_passes import (  # noqa: E402 - after the ops: the passes build them
+    AllGatherCombiner,
+    AllReduceCombiner,
+    CombineCollectives,
+    ReduceScatterCombiner,
+    SendRecvCombiner,
+)

@@ -42,6 +42,11 @@ __all__ = [
     "info",
     "is_collective",
     "OrderSendRecv",
+    "AllReduceCombiner",
+    "AllGatherCombiner",
+    "ReduceScatterCombiner",
+    "SendRecvCombiner",
+    "CombineCollectives",
 ]
 
 _INPUTS = {
@@ -403,3 +408,12 @@ def OrderSendRecv() -> tvm.transform.Pass:  # noqa: N802 - a pass factory, named
         return relay.transform.InferType()(new_mod)
 
     return tvm.transform.module_pass(transform, opt_level=0, name="OrderSendRecv")
+
+
+from .combiners.relay_passes import (  # noqa: E402 - after the ops: the passes build them
+    AllGatherCombiner,
+    AllReduceCombiner,
+    CombineCollectives,
+    ReduceScatterCombiner,
+    SendRecvCombiner,
+)
