@@ -36,9 +36,8 @@ from ...core.graph import Graph
 from .. import spec as S
 from ..ordering import OrderNode, plan_send_recv_order
 from . import tir_kernels
+from .factories import pass_factories
 from .keys import (
-    DEFAULT_THRESHOLD_BYTES,
-    DEFAULT_THRESHOLD_COUNT,
     PackPlan,
     ccl_key,
     collective_key,
@@ -47,7 +46,7 @@ from .keys import (
     renumber_channels,
     transfer_key,
 )
-from .options import CombinerOptions, make_options
+from .options import CombinerOptions
 from .planning import plan_region
 
 _CCL = ("relax.ccl.allreduce", "relax.ccl.allgather")
@@ -399,44 +398,12 @@ def _combine_module(mod: tvm.IRModule, opts: CombinerOptions) -> tvm.IRModule:
     return out
 
 
-def _make(pass_name: str, threshold_bytes: int, threshold_count: int, on_combine: Any, max_op_bytes: Any,
-          combine_by_dim: bool = True) -> tvm.transform.Pass:
-    opts = make_options(pass_name, threshold_bytes, threshold_count, on_combine, combine_by_dim, max_op_bytes)
-
-    def transform(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        return _combine_module(mod, opts)
-
-    return tvm.transform.module_pass(transform, opt_level=0, name=pass_name)
-
-
-def AllReduceCombiner(threshold_bytes: int = DEFAULT_THRESHOLD_BYTES, threshold_count: int = DEFAULT_THRESHOLD_COUNT,  # noqa: N802
-                      on_combine: Any = None, *, max_op_bytes: Any = "auto") -> tvm.transform.Pass:
-    """Combine independent allreduces of one key (ours and ``R.ccl.allreduce``) into one each."""
-    return _make("AllReduceCombiner", threshold_bytes, threshold_count, on_combine, max_op_bytes)
-
-
-def AllGatherCombiner(threshold_bytes: int = DEFAULT_THRESHOLD_BYTES, threshold_count: int = DEFAULT_THRESHOLD_COUNT,  # noqa: N802
-                      on_combine: Any = None, combine_by_dim: bool = True, *, max_op_bytes: Any = "auto") -> tvm.transform.Pass:
-    """Combine independent allgathers (and ``R.ccl.allgather``); ``combine_by_dim=False``: any axes together."""
-    return _make("AllGatherCombiner", threshold_bytes, threshold_count, on_combine, max_op_bytes, combine_by_dim)
-
-
-def ReduceScatterCombiner(threshold_bytes: int = DEFAULT_THRESHOLD_BYTES, threshold_count: int = DEFAULT_THRESHOLD_COUNT,  # noqa: N802
-                          on_combine: Any = None, combine_by_dim: bool = True, *, max_op_bytes: Any = "auto") -> tvm.transform.Pass:
-    """Combine independent reduce_scatters; ``combine_by_dim=False``: any axes together."""
-    return _make("ReduceScatterCombiner", threshold_bytes, threshold_count, on_combine, max_op_bytes, combine_by_dim)
-
-
-def SendRecvCombiner(threshold_bytes: int = DEFAULT_THRESHOLD_BYTES, threshold_count: int = DEFAULT_THRESHOLD_COUNT,  # noqa: N802
-                     on_combine: Any = None, *, max_op_bytes: Any = "auto") -> tvm.transform.Pass:
-    """Send transfers with the same pairs and independent payloads as one (fresh channel ids)."""
-    return _make("SendRecvCombiner", threshold_bytes, threshold_count, on_combine, max_op_bytes)
-
-
-def CombineCollectives(threshold_bytes: int = DEFAULT_THRESHOLD_BYTES, threshold_count: int = DEFAULT_THRESHOLD_COUNT,  # noqa: N802
-                       on_combine: Any = None, combine_by_dim: bool = True, *, max_op_bytes: Any = "auto") -> tvm.transform.Pass:
-    """All four combiners in one pass."""
-    return _make("CombineCollectives", threshold_bytes, threshold_count, on_combine, max_op_bytes, combine_by_dim)
+AllReduceCombiner, AllGatherCombiner, ReduceScatterCombiner, SendRecvCombiner, CombineCollectives = pass_factories(
+    _combine_module, __name__, {
+        "AllReduceCombiner": "Combine independent allreduces of one key (ours and ``R.ccl.allreduce``) into one each.",
+        "AllGatherCombiner": "Combine independent allgathers (and ``R.ccl.allgather``); ``combine_by_dim=False``: any axes together.",
+    }
+)
 
 
 __all__ = ["AllReduceCombiner", "AllGatherCombiner", "ReduceScatterCombiner", "SendRecvCombiner", "CombineCollectives"]
