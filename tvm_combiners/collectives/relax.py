@@ -27,6 +27,7 @@ from tvm import ir, relax, tirx
 from tvm.relax.utils import convert_to_expr
 
 from . import spec as S
+from .builders import IRAdapter, make_builders
 from .ordering import OrderNode, OrderPlan, SendRecvOrderError, is_deadlock_free, plan_send_recv_order
 
 __all__ = [
@@ -181,83 +182,9 @@ def token() -> relax.Expr:
     return relax.const(0, S.TOKEN_DTYPE)
 
 
-def _token_arg(kind: str, tok: relax.Expr | None) -> relax.Expr:
-    if tok is None:
-        return token()
-    if not isinstance(tok, relax.Expr):
-        raise S.CollectiveError(f"{kind}: token must be {S.TOKEN_DESCRIPTION}, got {tok!r}")
-    _check_token(kind, "token", _type_of(tok))
-    return tok
-
-
-def _operand(kind: str, x: relax.Expr) -> tuple[list[Any], str]:
-    if not isinstance(x, relax.Expr):
-        raise S.CollectiveError(f"{kind}: x must be a Relax expression holding a tensor, got {x!r}")
-    return _check_tensor(kind, "x", _type_of(x))
-
-
-def allreduce(x: relax.Expr, op: str = "sum", group: Any = None, *, world_size: int | None = None) -> relax.Call:
-    """Reduce ``x`` elementwise over the ranks of each group; every rank gets the result."""
-    spec = S.allreduce_spec(op, group, world_size)
-    shape, dtype = _operand("allreduce", x)
-    S.infer_type(spec, shape, dtype)
-    return _call(spec, [x])
-
-
-def allgather(x: relax.Expr, axis: int = 0, group: Any = None, *, world_size: int | None = None) -> relax.Call:
-    """Concatenate ``x`` of every rank of the group along ``axis``, in the group's rank order."""
-    shape, dtype = _operand("allgather", x)
-    spec = S.allgather_spec(axis, len(shape), group, world_size)
-    S.infer_type(spec, shape, dtype)
-    return _call(spec, [x])
-
-
-def reduce_scatter(
-    x: relax.Expr, op: str = "sum", axis: int = 0, group: Any = None, *, world_size: int | None = None
-) -> relax.Call:
-    """Reduce ``x`` over the group; the rank at position i of its group keeps chunk i along ``axis``."""
-    shape, dtype = _operand("reduce_scatter", x)
-    spec = S.reduce_scatter_spec(op, axis, len(shape), group, world_size)
-    S.infer_type(spec, shape, dtype)
-    return _call(spec, [x])
-
-
-def send(
-    x: relax.Expr,
-    source_target_pairs: Any,
-    channel_id: int = 0,
-    is_host_transfer: bool = False,
-    token: relax.Expr | None = None,
-) -> relax.Call:
-    """Send ``x`` from each source to its target (StableHLO send); returns a token."""
-    spec = S.send_spec(source_target_pairs, channel_id, is_host_transfer)
-    _, dtype = _operand("send", x)
-    S.check_dtype("send", dtype)
-    tok = _token_arg("send", token)
-    return _call(spec, [x, tok])
-
-
-def recv(
-    shape: Sequence[int],
-    dtype: str,
-    source_target_pairs: Any,
-    channel_id: int = 0,
-    is_host_transfer: bool = False,
-    token: relax.Expr | None = None,
-) -> relax.Call:
-    """Receive a ``shape``/``dtype`` payload from this rank's source; zeros on a rank no pair targets."""
-    spec = S.recv_spec(shape, dtype, source_target_pairs, channel_id, is_host_transfer)
-    tok = _token_arg("recv", token)
-    return _call(spec, [tok])
-
-
-def after_all(*tokens: relax.Expr) -> relax.Call:
-    """One token that comes after all ``tokens``."""
-    for i, t in enumerate(tokens):
-        if not isinstance(t, relax.Expr):
-            raise S.CollectiveError(f"after_all: argument {i} must be {S.TOKEN_DESCRIPTION}, got {t!r}")
-        _check_token("after_all", f"argument {i}", _type_of(t))
-    return _call(S.CollectiveSpec("after_all"), [relax.Tuple(list(tokens))])
+allreduce, allgather, reduce_scatter, send, recv, after_all = make_builders(
+    IRAdapter("Relax", relax.Expr, _type_of, _check_tensor, _check_token, _call, relax.Tuple, token), __name__
+)
 
 
 # --------------------------------------------------------------------------- read back
