@@ -185,7 +185,7 @@ def _function(bb: relax.BlockBuilder, builders: list[_GraphBuilder], name: str) 
 
 
 def build_module(spec: ModuleSpec) -> tvm.IRModule:
-    """Graphs inline in ``main``'s one dataflow block, or each its own function that ``main`` calls."""
+    """Graphs inline in ``main``'s one dataflow block, or each but the last its own function that ``main`` calls."""
     def rng(i: int) -> np.random.Generator:  # one stream per graph: dropping a graph keeps the others' data
         return np.random.default_rng([spec.seed, i])
 
@@ -194,7 +194,8 @@ def build_module(spec: ModuleSpec) -> tvm.IRModule:
         builders = [_GraphBuilder(bb, g, rng(i), f"g{i}_") for i, g in enumerate(spec.graphs)]
         return relax.transform.Normalize()(tvm.IRModule({"main": _function(bb, builders, "main")}))
     funcs = {}
-    for i, g in enumerate(spec.graphs):
+    *called, last = spec.graphs if len(spec.graphs) > 1 else (*spec.graphs, None)
+    for i, g in enumerate(called):
         bb = relax.BlockBuilder()
         funcs[f"g{i}"] = _function(bb, [_GraphBuilder(bb, g, rng(i), f"g{i}_")], f"g{i}")
     bb = relax.BlockBuilder()
@@ -213,12 +214,19 @@ def build_module(spec: ModuleSpec) -> tvm.IRModule:
             own.append(relax.Var(f"main_{p.name}", relax.TensorType(shape, str(p.ty.dtype))))
         params.extend(own)
         calls.append((gv, own))
-    with bb.function("main", params):
+    inline = [_GraphBuilder(bb, last, rng(len(called)), f"g{len(called)}_")] if last is not None else []
+    with bb.function("main", []):
         with bb.dataflow():
             results = [bb.emit(relax.Call(gv, own)) for gv, own in calls]
+            results += [o for b in inline for o in b.emit()]  # main has siblings of its own beside its calls
             out = bb.emit_output(relax.Tuple(results))
         bb.emit_func_output(out)
-    return bb.get()
+    mod = bb.get()
+    main_gv = mod.get_global_var("main")
+    main = mod[main_gv]
+    params += [p for b in inline for p in b.params]
+    mod[main_gv] = relax.Function(params, main.body, main.ret_ty, True, main.attrs)
+    return mod
 
 
 def random_inputs(mod: tvm.IRModule, seed: int) -> list[np.ndarray]:

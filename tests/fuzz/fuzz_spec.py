@@ -213,7 +213,9 @@ def graph_specs(draw, ir: str, families: tuple[str, ...], dtypes: tuple[str, ...
 
 @st.composite
 def module_specs(draw, ir: str, families: tuple[str, ...], dtypes: tuple[str, ...], calls_ok: bool = True,
-                 max_graphs: int = 5) -> ModuleSpec:
+                 max_graphs: int | None = None) -> ModuleSpec:
+    if max_graphs is None:
+        max_graphs = 5 if is_big_run() else 2  # the CI slice stays within its time
     graphs = tuple(draw(st.lists(graph_specs(ir, families, dtypes), min_size=1, max_size=max_graphs)))
     return ModuleSpec(graphs, calls=calls_ok and draw(st.booleans()), seed=draw(st.integers(0, 2**16)))
 

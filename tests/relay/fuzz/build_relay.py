@@ -193,7 +193,7 @@ class _GraphBuilder:
 
 
 def build_module(spec: ModuleSpec, prefix: str = "") -> tvm.IRModule:
-    """Graphs inline in ``main``, or each its own global function that ``main`` calls.
+    """Graphs inline in ``main``, or each but the last its own global function that ``main`` calls.
 
     ``prefix`` names every function (``ref_main``...), so a reference copy can sit beside the
     optimized module in one build.
@@ -208,7 +208,8 @@ def build_module(spec: ModuleSpec, prefix: str = "") -> tvm.IRModule:
         mod[prefix + "main"] = relay.Function([p for b in builders for p in b.params], relay.Tuple(outs))
         return relay.transform.InferType()(mod)
     params, calls = [], []
-    for i, g in enumerate(spec.graphs):
+    *called, last = spec.graphs if len(spec.graphs) > 1 else (*spec.graphs, None)
+    for i, g in enumerate(called):
         b = _GraphBuilder(g, rng(i), f"g{i}_")
         body = relay.Tuple(b.emit())
         gv = relay.GlobalVar(f"{prefix}g{i}")
@@ -217,6 +218,10 @@ def build_module(spec: ModuleSpec, prefix: str = "") -> tvm.IRModule:
         own = [relay.var(f"main_{p.name_hint}", type_annotation=p.type_annotation) for p in b.params]
         params.extend(own)
         calls.append(relay.Call(gv, own))
+    if last is not None:  # main has siblings of its own beside its calls
+        b = _GraphBuilder(last, rng(len(called)), f"g{len(called)}_")
+        calls.extend(b.emit())
+        params.extend(b.params)
     mod[prefix + "main"] = relay.Function(params, relay.Tuple(calls))
     return relay.transform.InferType()(mod)
 

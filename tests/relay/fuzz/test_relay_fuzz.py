@@ -41,7 +41,7 @@ MIX = {
     "ops": FAMILIES,
 }
 DTYPES = ("float32", "float32", "float16", "int32")
-CI_EXAMPLES = 5
+CI_EXAMPLES = 4
 
 SETTINGS = settings(
     max_examples=example_count(CI_EXAMPLES),
