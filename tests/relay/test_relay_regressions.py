@@ -1,0 +1,60 @@
+"""Failures the differential fuzzer (tests/relay/fuzz) found, minimized into hand-written modules.
+
+Each test names the fuzz finding it pins (see /work/notes/fuzz_findings.md for the log) and
+asserts the correct behaviour: op counts and equal outputs against the unoptimized module.
+"""
+
+import numpy as np
+import tvm
+from helpers import assert_same_outputs, const, make_module, ops, random_inputs
+from tvm import relay
+
+from tvm_combiners.relay import CombineParallelDense, CombineParallelOps
+from tvm_combiners.relay.runner import make_target
+
+
+def test_layer_norm_inputs_over_the_same_operands_in_another_order_stay_apart():
+    """Fuzz finding 1 (pre-fix code): ``layer_norm(a, a, b)`` beside ``layer_norm(a, b, a)``.
+
+    Both list the operands {a, b} in the same first-seen order; a key over the deduplicated
+    operands made them one input and the second dense read the first one's input.
+    """
+    base, a, b = relay.var("base", shape=(3, 6)), relay.var("a", shape=(6,)), relay.var("b", shape=(6,))
+    inputs = [relay.add(base, relay.nn.layer_norm(*args, axis=-1)) for args in ((a, a, b), (a, b, a), (a, a, b))]
+    outs = [relay.nn.dense(x, const((n, 6), n)) for x, n in zip(inputs, (2, 3, 4))]
+    mod = make_module(outs, [base, a, b])
+    new = CombineParallelDense()(mod)
+    assert ops(mod, "nn.dense") == 3 and ops(new, "nn.dense") == 2  # only the two equal inputs combine
+    assert_same_outputs(mod, new, random_inputs(mod), atol=1e-4)
+
+
+def test_main_with_siblings_calling_a_function_with_siblings():
+    """Fuzz finding 2 (pre-fix code): a type-inference crash once both functions had groups.
+
+    The fuzzer's shape: ``main`` calls ``g0`` (two sibling denses over its parameter) and has two
+    sibling denses of its own over another parameter.
+    """
+    mod = tvm.IRModule()
+    p = relay.var("p", shape=(3, 6))
+    g0 = relay.GlobalVar("g0")
+    mod[g0] = relay.Function([p], relay.Tuple([relay.nn.dense(p, const((n, 6), n)) for n in (2, 3)]))
+    mod = relay.transform.InferType()(mod)
+    x, y = relay.var("x", shape=(3, 6)), relay.var("y", shape=(3, 6))
+    own = [relay.nn.dense(y, const((n, 6), 10 + n)) for n in (2, 3)]
+    mod["main"] = relay.Function([x, y], relay.Tuple([relay.Call(g0, [x]), *own]))
+    mod = relay.transform.InferType()(mod)
+    new = CombineParallelOps()(mod)
+    assert ops(mod, "nn.dense") == 4 and ops(new, "nn.dense") == 2  # one combined dense per function
+    inputs = random_inputs(mod)
+
+    def run_vm(m):  # the graph executor cannot call global functions; the VM can
+        result = relay.create_executor("vm", mod=m, target=make_target("llvm")).evaluate()(**inputs)
+        flat = []
+        for item in result:
+            flat.extend([r.numpy() for r in item] if isinstance(item, tvm.runtime.container.ADT) else [item.numpy()])
+        return flat
+
+    expected, got = run_vm(mod), run_vm(new)
+    assert len(expected) == len(got) == 4
+    for e, g in zip(expected, got):
+        np.testing.assert_allclose(g, e, atol=1e-5, rtol=1e-5)
