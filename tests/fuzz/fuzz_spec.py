@@ -229,3 +229,28 @@ def options(draw, family_pass: str) -> Options:
         max_combined_bytes=draw(st.sampled_from([None, None, None, 64, 256, 4096])),
         to_batch=draw(st.booleans()) if family_pass in ("matmul", "batch_matmul", "ops") else False,
     )
+
+
+def explicit_cases(family: str) -> list[tuple[ModuleSpec, Options]]:
+    """Hand-picked modules every run checks first (the CI slice included): each combines.
+
+    Three siblings with shared and per-branch side operands on either side, a tap, a dependent
+    fourth branch; inputs over repeated and permuted operands; a call with siblings beside main's.
+    """
+    root = {"ops": "matmul"}.get(family, family)
+    side_own = Side("channel", const=True, shared=False, left=True)
+    side_shared = Side("scalar", const=False, shared=True, left=False)
+    chain = (Follower("add", side_own), Follower("relu"), Follower("multiply", side_shared))
+    branches = tuple(Branch(0, w, k, "const", bool(i % 2), chain, None, False, tap=i == 0)
+                     for i, (w, k) in enumerate(((2, 1), (3, 3), (1, 5))))
+    dependent = Branch(0, 2, 3, "param", False, (Follower("clip"),), 0, True)
+    plain = GraphSpec("float32", False, "NCHW", 1, 1, False, (Source(root, "param"),), (*branches, dependent))
+    kind = "concat" if root == "conv2d" else "layer_norm"
+    sources = (Source(root, kind, (0, 0, 1)), Source(root, kind, (0, 1, 0)), Source(root, kind, (0, 0, 1)))
+    pooled = GraphSpec("float32", root != "conv2d", "NHWC", 1, 1, False, sources,
+                       tuple(Branch(i, 2 + i, 1, "const", False, (Follower("sigmoid"),), None, False) for i in range(3)))
+    mixed = GraphSpec("float16", False, "NCHW", 2, 1, False, (Source("conv2d", "param"), Source("matmul", "param")),
+                      tuple(Branch(i % 2, 2, 3, "const", False, (Follower("cast"),), None, False) for i in range(4)))
+    graphs = (plain, pooled, mixed) if family == "ops" else (plain, pooled)
+    return [(ModuleSpec(graphs, calls=False, seed=1), Options()),
+            (ModuleSpec(graphs, calls=True, seed=2), Options(max_branches=2))]

@@ -13,8 +13,17 @@ import pytest
 import tvm
 import tvm_ffi
 from build_relax import ROOT_OPS, build_module, random_inputs
-from fuzz_spec import FAMILIES, ModuleSpec, Options, example_count, is_big_run, module_specs, options
-from hypothesis import HealthCheck, given, note, settings
+from fuzz_spec import (
+    FAMILIES,
+    ModuleSpec,
+    Options,
+    example_count,
+    explicit_cases,
+    is_big_run,
+    module_specs,
+    options,
+)
+from hypothesis import HealthCheck, example, given, note, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from tvm import relax
@@ -43,7 +52,7 @@ MIX = {
 }
 DTYPES = ("float32", "float32", "float16", "int32")
 #: The small slice ``make test`` runs per pass (derandomized); ``FUZZ_EXAMPLES`` scales it.
-CI_EXAMPLES = 6
+CI_EXAMPLES = 10
 
 SETTINGS = settings(
     max_examples=example_count(CI_EXAMPLES),
@@ -160,4 +169,6 @@ def test_fuzz_relax(family: str) -> None:
     def run(case: tuple[ModuleSpec, Options]) -> None:
         check_pass(family, *case)
 
+    for case in explicit_cases(family):
+        run = example(case)(run)
     run()

@@ -14,8 +14,17 @@ import numpy as np
 import pytest
 import tvm
 from build_relay import ROOT_OPS, build_module, random_inputs
-from fuzz_spec import FAMILIES, ModuleSpec, Options, example_count, is_big_run, module_specs, options
-from hypothesis import HealthCheck, given, note, settings
+from fuzz_spec import (
+    FAMILIES,
+    ModuleSpec,
+    Options,
+    example_count,
+    explicit_cases,
+    is_big_run,
+    module_specs,
+    options,
+)
+from hypothesis import HealthCheck, example, given, note, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from tvm import relay
@@ -138,4 +147,6 @@ def test_fuzz_relay(family: str) -> None:
     def run(case: tuple[ModuleSpec, Options]) -> None:
         check_pass(family, *case)
 
+    for case in explicit_cases(family)[1:]:  # the call-mode case only: Relay builds cost more
+        run = example(case)(run)
     run()
