@@ -41,6 +41,9 @@ test-relay: $(VENV_RELAY)/.installed
 
 bench: $(VENV)/.installed $(VENV_RELAY)/.installed
 	$(VENV)/bin/python benchmarks/bench_combiners.py
+	$(VENV)/bin/python benchmarks/bench_pass_scaling.py
+	$(VENV)/bin/python benchmarks/bench_collectives.py
+	$(VENV)/bin/python benchmarks/bench_collective_combiners.py
 
 # Differential fuzzing (not in CI's budget): FUZZ_EXAMPLES modules per pass family and IR, each of 1-8 graphs.
 fuzz: $(VENV)/.installed $(VENV_RELAY)/.installed
