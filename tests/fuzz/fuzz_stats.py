@@ -10,15 +10,18 @@ import os
 COUNTS: dict[tuple[str, str], collections.Counter] = collections.defaultdict(collections.Counter)
 
 
-def record(ir: str, pass_name: str, graphs: int, changed: bool) -> None:
-    c = COUNTS[(ir, pass_name)]
-    c["examples"] += 1
-    c["graphs"] += graphs
-    c["combined"] += int(changed)
+def record(ir: str, pass_name: str, graphs: int, changed: bool, failed: str | None = None) -> None:
+    """Count one checked module; a failing one (``failed``: the error) is only streamed, not counted."""
+    if failed is None:
+        c = COUNTS[(ir, pass_name)]
+        c["examples"] += 1
+        c["graphs"] += graphs
+        c["combined"] += int(changed)
     path = os.environ.get("FUZZ_STATS")  # a long run also leaves its counts behind as it goes
     if path:
         with open(path, "a") as f:
-            f.write(json.dumps({"ir": ir, "pass": pass_name, "graphs": graphs, "changed": changed}) + "\n")
+            f.write(json.dumps({"ir": ir, "pass": pass_name, "graphs": graphs, "changed": changed,
+                                "failed": failed}) + "\n")
 
 
 def summary_lines() -> list[str]:

@@ -130,7 +130,8 @@ def check_pass(family: str, spec: ModuleSpec, opts: Options) -> None:
     try:
         new = make(**opts.kwargs())(mod)
         changed = _check(make, family, spec, opts, mod, new)
-    except Exception:
+    except Exception as err:
+        fuzz_stats.record("relax", make.__name__, spec.count(), False, failed=f"{type(err).__name__}: {err}"[:300])
         if currently_in_test_context():  # the failing example's modules, printed with hypothesis's report
             note(f"before:\n{mod.script()}\nafter:\n{new.script()}")
         raise

@@ -128,7 +128,8 @@ def check_pass(family: str, spec: ModuleSpec, opts: Options) -> None:
     try:
         new = make(**opts.kwargs())(mod)
         changed = _check(make, family, spec, opts, mod, new)
-    except Exception:
+    except Exception as err:
+        fuzz_stats.record("relay", make.__name__, spec.count(), False, failed=f"{type(err).__name__}: {err}"[:300])
         if currently_in_test_context():
             note(f"before:\n{mod}\nafter:\n{new}")
         raise
