@@ -281,11 +281,12 @@ def _plan(name: str, func: relax.Function) -> tuple[list[tuple[Any, bool]], Orde
     return units, plan_send_recv_order(nodes, where)
 
 
-def _reorder(func: relax.Function, units: list[tuple[Any, bool]], order: list[int]) -> relax.Function:
+def blocks_of(units: list[tuple[Any, bool]]) -> list[relax.BindingBlock]:
+    """Units (a loose binding, or a whole block when the flag is set) back into blocks, in order:
+    each run of loose bindings becomes one BindingBlock. The combiners rebuild bodies with it too."""
     blocks: list[relax.BindingBlock] = []
     pending: list[Any] = []
-    for i in order:
-        unit, is_block = units[i]
+    for unit, is_block in units:
         if is_block:
             if pending:
                 blocks.append(relax.BindingBlock(pending))
@@ -295,6 +296,11 @@ def _reorder(func: relax.Function, units: list[tuple[Any, bool]], order: list[in
             pending.append(unit)
     if pending:
         blocks.append(relax.BindingBlock(pending))
+    return blocks
+
+
+def _reorder(func: relax.Function, units: list[tuple[Any, bool]], order: list[int]) -> relax.Function:
+    blocks = blocks_of([units[i] for i in order])
     body = relax.BlockBuilder().normalize(relax.SeqExpr(blocks, func.body.body))
     return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
 

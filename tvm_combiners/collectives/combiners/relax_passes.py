@@ -346,19 +346,7 @@ def _used_channels(mod: tvm.IRModule) -> list[int]:
 def _rebuild(units: list[tuple[Any, bool]], dataflow: bool) -> list[relax.BindingBlock]:
     if dataflow:
         return [relax.DataflowBlock([b for b, _ in units])]
-    blocks: list[relax.BindingBlock] = []
-    pending: list[Any] = []
-    for unit, is_block in units:
-        if is_block:
-            if pending:
-                blocks.append(relax.BindingBlock(pending))
-                pending = []
-            blocks.append(unit)
-        else:
-            pending.append(unit)
-    if pending:
-        blocks.append(relax.BindingBlock(pending))
-    return blocks
+    return CR.blocks_of(units)
 
 
 def _combine_module(mod: tvm.IRModule, opts: CombinerOptions) -> tvm.IRModule:
