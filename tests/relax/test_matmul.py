@@ -466,3 +466,14 @@ def test_ours_combines_whatever_tvms_pass_does(bias_first):
     assert_same_outputs(mod, ours, inputs)
     for got, want in zip(run(ours, inputs), run(theirs, inputs)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_to_batch_concatenates_widths_no_sibling_shares():
+    # widths 2, 2 stack; 3 and 1 have no equal sibling and concatenate instead of staying apart
+    mod = make_module({"x": ((3, 6), F32)}, lambda bb, x: [bb.emit(R.matmul(x, _const((6, n), i)))
+                                                           for i, n in enumerate((2, 3, 2, 1))])
+    groups = []
+    once = CombineParallelMatmul(to_batch=True, on_combine=groups.append)(mod)
+    assert ops(once, "matmul") == 2 and sorted(g.stacked for g in groups) == [False, True]
+    assert tvm_ffi_equal(CombineParallelMatmul(to_batch=True)(once), once)
+    assert_same_outputs(mod, once, random_inputs(mod))

@@ -346,3 +346,26 @@ def test_module_attributes_survive():
     new = CombineParallelOps()(mod)
     assert ops(new, "nn.dense") == 2
     assert str(new.attrs["origin"]) == "test"
+
+
+def test_to_batch_concatenates_widths_no_sibling_shares():
+    # widths 2, 2 stack; 3 and 1 have no equal sibling and concatenate instead of staying apart
+    x = relay.var("x", shape=(3, 6))
+    mod = make_module([relay.nn.dense(x, const((n, 6), i)) for i, n in enumerate((2, 3, 2, 1))], [x])
+    combine = CombineParallelDense(to_batch=True)
+    once = combine(mod)
+    assert ops(once, "nn.batch_matmul") == 1 and ops(once, "nn.dense") == 1
+    assert unchanged(combine(once), once)
+    assert_same_outputs(mod, once, random_inputs(mod))
+
+
+def test_to_batch_leftovers_cut_by_max_branches_stay_idempotent():
+    # leftovers 1 and 3 concatenate into a 4-wide dense beside the lone 4-wide one: a second run
+    # must leave the two alone
+    x = relay.var("x", shape=(3, 6))
+    mod = make_module([relay.nn.dense(x, const((n, 6), i)) for i, n in enumerate((1, 3, 4))], [x])
+    combine = CombineParallelDense(to_batch=True, max_branches=2)
+    once = combine(mod)
+    assert ops(once, "nn.batch_matmul") == 0 and ops(once, "nn.dense") == 2
+    assert unchanged(combine(once), once)
+    assert_same_outputs(mod, once, random_inputs(mod))

@@ -26,7 +26,8 @@ class CombineOptions:
     ``max_branches`` caps how many branches one combined op covers, ``max_combined_bytes`` caps
     the size of its concatenated weight; a group that would exceed either is cut into several
     combined ops. ``None`` means unlimited. ``to_batch`` stacks branches of equal shapes into one
-    batched matmul (the shared input is broadcast, never copied) instead of concatenating them.
+    batched matmul (the shared input is broadcast, never copied) instead of concatenating them;
+    branches whose width no sibling shares concatenate as usual.
     """
 
     min_num_branches: int = 2
@@ -151,6 +152,7 @@ class _Planner:
 
     def run(self) -> list[CombinePlan]:
         buckets: dict[tuple, list[int]] = {}
+        stacks: dict[tuple, list[int]] = {}
         weight_buckets: dict[tuple, list[int]] = {}
         for node in self.graph.nodes:
             info = node.root
@@ -169,14 +171,20 @@ class _Planner:
             if set(node.deps) != set(node.operands):
                 continue
             data = node.operands[info.data]
+            if self.options.to_batch and self._branch_count(node.index) > 1:
+                continue  # an earlier run's combined op: stacking or concatenating it again would not be idempotent
             if self.options.to_batch and info.stack is not None:  # stacking needs equal widths
-                buckets.setdefault((self.values[data], info.key, info.width, True), []).append(node.index)
-            elif self.options.to_batch and self._branch_count(node.index) > 1:
-                continue  # an earlier stacking's result: concatenating stacks is not what to_batch asks
+                stacks.setdefault((self.values[data], info.key, info.width, True), []).append(node.index)
             else:  # everything else (convolutions, 3-D inputs) concatenates as usual
                 buckets.setdefault((self.values[data], info.key, None, False), []).append(node.index)
+        for (value, key, width, _), roots in stacks.items():
+            if len(roots) >= self.options.min_num_branches:
+                buckets[(value, key, width, True)] = roots
+            else:  # a width no sibling shares cannot stack: it concatenates with the other leftovers
+                buckets.setdefault((value, key, None, False), []).extend(roots)
         plans: list[CombinePlan] = []
         for (_, _, _, stacked), roots in buckets.items():
+            roots.sort()
             plans.extend(self._plans_for_bucket(roots, stacked))
         self.shares = "weight"
         for roots in weight_buckets.values():

@@ -24,7 +24,7 @@ from fuzz_spec import (
     module_specs,
     options,
 )
-from hypothesis import HealthCheck, example, given, note, settings
+from hypothesis import HealthCheck, example, given, note, reject, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from tvm import relay
@@ -73,6 +73,32 @@ def _flat(value: Any) -> list[np.ndarray]:
     return [array for item in value for array in _flat(item)]
 
 
+def vm_compile(mod: tvm.IRModule) -> Any:
+    # x86's AlterOpLayout for dense assumes 2-D data (TVM 0.16): 3-D activations would not build
+    with tvm.transform.PassContext(opt_level=3, disabled_pass=["AlterOpLayout"]):
+        return relay.vm.compile(mod, target=make_target("llvm"))
+
+
+def builds(mod: tvm.IRModule) -> bool:
+    try:
+        vm_compile(relay.transform.InferType()(mod))
+    except Exception:  # noqa: BLE001 - any build failure is judged against the reference
+        return False
+    return True
+
+
+def reject_unbuildable(spec: ModuleSpec) -> None:
+    """Drop an example whose *unoptimized* module TVM 0.16 cannot build (no verdict on the pass).
+
+    Known case: the VM fuses ``batch_matmul`` with a ``where`` over a ``?`` dim into a PrimFunc
+    that uses ``any_dim`` without taking it as an argument.
+    """
+    fuzz_stats.record("relay", "unbuildable reference", spec.count(), False)
+    if currently_in_test_context():
+        reject()
+    pytest.skip("TVM 0.16 cannot build the unoptimized module")
+
+
 def assert_outputs_equal(before: tvm.IRModule, after: tvm.IRModule, spec: ModuleSpec) -> None:
     """One VM build: ``main`` returns the optimized module's and a reference copy's results."""
     both = build_module(spec, prefix="ref_")
@@ -83,9 +109,12 @@ def assert_outputs_equal(before: tvm.IRModule, after: tvm.IRModule, spec: Module
     calls = [relay.Call(both.get_global_var(name), params) for name in ("ref_main", "opt_main")]
     both["main"] = relay.Function(params, relay.Tuple(calls))
     both = relay.transform.InferType()(both)
-    # x86's AlterOpLayout for dense assumes 2-D data (TVM 0.16): 3-D activations would not build
-    with tvm.transform.PassContext(opt_level=3, disabled_pass=["AlterOpLayout"]):
-        exe = relay.vm.compile(both, target=make_target("llvm"))
+    try:
+        exe = vm_compile(both)
+    except Exception:  # noqa: BLE001 - any build failure is judged against the reference
+        if builds(build_module(spec)):
+            raise  # the optimized module alone breaks the build: the pass's fault
+        reject_unbuildable(spec)
     vm = tvm.runtime.vm.VirtualMachine(exe, tvm.cpu())
     result = vm.invoke("main", *[tvm.nd.array(a) for a in random_inputs(before, spec.seed)])
     expected, got = _flat(result[0]), _flat(result[1])
