@@ -5,6 +5,7 @@ Every broken file is built here with onnx.helper; the tiny models compile in wel
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_combiners.cli import main
+from tvm_combiners.models.loader import cpu_threads
 
 ERROR = "tvm-combiners: error: "
 
@@ -298,6 +300,20 @@ def test_json_report(capsys, tmp_path):
     for v in (baseline, combined):
         assert 0 <= v["max_abs_diff"] <= 1e-5 and v["latency_s"] > 0 and v["compile_s"] > 0
     assert doc["speedup"] == pytest.approx(baseline["latency_s"] / combined["latency_s"])
+    # onnxruntime timed beside TVM, with TVM's thread count
+    assert doc["onnxruntime"]["latency_s"] > 0 and doc["onnxruntime"]["threads"] == cpu_threads()
+
+
+def test_text_report_puts_onnxruntime_beside_tvm(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("TVM_NUM_THREADS", "1")
+    path = parallel_matmuls(tmp_path / "p.onnx")
+    assert main(["run", str(path), "--batch", "3", "--repeat", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert "[tvm-combiners] timing onnxruntime (2 runs, 1 threads)" in err
+    rows = {line.split("  ")[0]: line for line in out.splitlines()}
+    assert "onnxruntime (cpu, 1 threads)" in rows
+    assert float(rows["onnxruntime (cpu, 1 threads)"].split()[-2]) >= 0
+    assert re.search(r"^latency over onnxruntime's: baseline \d+\.\d\dx, combined \d+\.\d\dx$", out, re.M)
 
 
 def test_json_error_document(capsys, tmp_path):

@@ -20,8 +20,9 @@ from .models import (
     load_onnx,
     prepare_onnx,
     run_onnxruntime,
+    time_onnxruntime,
 )
-from .models.loader import first_line
+from .models.loader import cpu_threads, first_line
 
 COUNTED_OPS = ("matmul", "dense", "batch_matmul", "conv2d")
 #: The IRs a job can use, in order of preference.
@@ -65,6 +66,8 @@ class JobReport:
     groups: list[str] = field(default_factory=list)
     executed: bool = True
     note: str = ""
+    ort_latency_s: float | None = None  # onnxruntime on the CPU, same inputs, TVM's thread count
+    ort_threads: int | None = None
 
     def table(self) -> str:
         ops = sorted({k for v in self.variants for k, n in v.ops.items() if n} or {"matmul"})
@@ -76,12 +79,19 @@ class JobReport:
                 + ["-" if v.latency_s is None else f"{v.latency_s * 1e3:.2f}"]
                 + ["-" if v.max_abs_diff is None else f"{v.max_abs_diff:.2e}"]
             )
+        if self.ort_latency_s is not None:
+            rows.append([f"onnxruntime (cpu, {self.ort_threads} threads)"] + ["-"] * len(ops) + ["-"]
+                        + [f"{self.ort_latency_s * 1e3:.2f}", "0"])
         widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
         ratio = self.speedup()
         if ratio is not None:
             lines.append(f"speedup of combined over baseline: {ratio:.2f}x")
+        timed = [v for v in self.variants if v.latency_s]
+        if self.ort_latency_s and timed:
+            lines.append("latency over onnxruntime's: " + ", ".join(f"{v.label} {v.latency_s / self.ort_latency_s:.2f}x"
+                                                                 for v in timed))
         return "\n".join(lines)
 
     def speedup(self) -> float | None:
@@ -94,7 +104,8 @@ class JobReport:
         """The report as plain JSON values (``--json``): seconds, not milliseconds."""
         return {"ok": True, "model": self.model, "ir": self.ir, "target": self.target, "batch": self.batch,
                 "seq": self.seq, "variants": [asdict(v) for v in self.variants], "speedup": self.speedup(),
-                "groups": list(self.groups), "executed": self.executed, "note": self.note}
+                "groups": list(self.groups), "executed": self.executed, "note": self.note,
+                "onnxruntime": {"latency_s": self.ort_latency_s, "threads": self.ort_threads}}
 
     def render(self) -> str:
         out = [f"model {self.model}  ir {self.ir}  target {self.target}  batch {self.batch}  seq {self.seq}", self.table()]
@@ -273,6 +284,10 @@ def run_job(model_path: str | None = None, target: str = "llvm", ir: str | None 
         report.variants.append(variant)
     if "combined" in outputs:
         _check_combined(path, outputs["combined"], outputs["baseline"])
+    with _stage(path, "reference", "onnxruntime fails to time the model", bad_input=False):
+        report.ort_threads = cpu_threads()
+        progress(f"timing onnxruntime ({repeat} runs, {report.ort_threads} threads)")
+        report.ort_latency_s = time_onnxruntime(model, inputs, repeat, report.ort_threads)
     return report
 
 

@@ -14,6 +14,7 @@ from tvm import ir, relax
 from tvm_combiners.collectives import relax as C
 from tvm_combiners.collectives import spec as S
 from tvm_combiners.collectives.ordering import SendRecvOrderError
+from tvm_combiners.collectives.runtime import native
 
 RUNTIME_NAMES = ["allreduce", "allgather", "reduce_scatter", "send", "recv"]
 
@@ -31,8 +32,9 @@ def raises(msg):
 
 
 @pytest.fixture
-def mock_runtime():
+def mock_runtime(monkeypatch):
     """Counting stand-ins for the runtime functions: a log of (name, non-tensor args)."""
+    monkeypatch.setattr(native, "ENABLED", False)  # every allreduce through the mocked generic function
     log: list[tuple[str, tuple]] = []
     saved = {k: tvm.get_global_func("tvm_combiners." + k, allow_missing=True) for k in RUNTIME_NAMES}
 
@@ -476,8 +478,25 @@ def test_compiles_with_the_default_pipeline(kind):
         lowered = relax.get_default_pipeline(target)(mod)
     text = lowered["main"].script()
     for name in RUNTIME_NAMES:
-        assert f'R.call_packed("tvm_combiners.{name}"' in text
-    assert text.count('R.call_packed("tvm_combiners.allreduce"') == len(S.REDUCTIONS)
+        assert f'R.call_packed("tvm_combiners.{name}"' in text or name == "allreduce"
+    generic, fast = (text.count(f'R.call_packed("{name}"') for name in ("tvm_combiners.allreduce", native.NAME))
+    assert generic + fast == len(S.REDUCTIONS)
+    assert fast == (0 if kind == "cuda" else len(S.REDUCTIONS))  # every allreduce is over all ranks here
+
+
+def test_allreduces_over_all_ranks_on_cpu_call_the_native_kernel(monkeypatch):
+    x = tensor((2, 3))
+    mod = build(lambda bb, x: [bb.emit(C.allreduce(x, "avg")), bb.emit(C.allreduce(x, "sum", group=[[0]])),
+                               bb.emit(C.allreduce(bb.emit(relax.op.astype(x, "float16")), "max"))], [x])
+    with tvm.target.Target("llvm"):
+        text = relax.transform.LegalizeOps()(mod)["main"].script()
+    # all ranks, float32: native, with (count, dtype code, op code); a group or float16: the generic function
+    assert re.search(rf'R.call_packed\("{native.NAME}", x, \w+, 6, 8, 4, ', text)
+    assert text.count('R.call_packed("tvm_combiners.allreduce"') == 2
+    monkeypatch.setattr(native, "ENABLED", False)
+    with tvm.target.Target("llvm"):
+        text = relax.transform.LegalizeOps()(mod)["main"].script()
+    assert native.NAME not in text and text.count('R.call_packed("tvm_combiners.allreduce"') == 3
 
 
 def test_numpy_integers_are_ranks():
@@ -525,3 +544,19 @@ def test_ordering_core_moves_sends_up_and_keeps_effects_in_order():
     plan = plan_send_recv_order(nodes, "test")
     assert plan.matches == [(3, 0), (1, 2)] and plan.chains == [(3, 1), (0, 2)]
     assert plan.order == [3, 0, 1, 2]
+
+
+def test_a_natively_compiled_module_runs_before_the_kernel_exists_in_this_process(monkeypatch):
+    # a module compiled elsewhere: the name is first served by the generic path, which builds the kernel
+    x = tensor((2, 3), "int32")
+    mod = build(lambda bb, x: bb.emit(C.allreduce(x, "max")), [x])
+    ex = tvm.compile(mod, target="llvm", relax_pipeline=C.pipeline("llvm"))
+    assert native.prepare()
+    monkeypatch.setattr(native, "_kernel", None)
+    native.register_fallback()
+    data = np.arange(6, dtype="int32").reshape(2, 3)
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(data))
+    np.testing.assert_array_equal(out.numpy(), data)  # one rank: the maximum over ranks is x
+    assert native._kernel is not None  # built on that first call, registered for VMs created later
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(data + 1))
+    np.testing.assert_array_equal(out.numpy(), data + 1)

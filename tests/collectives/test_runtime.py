@@ -249,7 +249,10 @@ class _FakeCudaTensor:
     """Just enough of a TVM cuda tensor for the NCCL dispatch (no GPU needed)."""
 
     def __init__(self, shape: tuple[int, ...], dtype: str = "float32", ptr: int = 0x1000) -> None:
-        self.shape, self.dtype, self.data_ptr = shape, dtype, ptr
+        self.shape, self.dtype, self._ptr = shape, dtype, ptr
+
+    def data_ptr(self) -> int:  # a method, as on tvm.runtime.Tensor
+        return self._ptr
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return (2, 0)
@@ -312,3 +315,13 @@ def test_ranks_share_the_cores_between_their_thread_pools() -> None:
     assert rank_environment(2, {})["TVM_NUM_THREADS"] == str(max(1, cores // 2))
     assert rank_environment(cores * 4, {})["TVM_NUM_THREADS"] == "1"
     assert rank_environment(2, {"TVM_NUM_THREADS": "7", "X": "y"}) == {"TVM_NUM_THREADS": "7", "X": "y"}
+
+
+def test_data_ptr_reads_a_real_tensor():
+    # NCCL gets raw pointers: on TVM 0.27 ``data_ptr`` is a method (an attribute read broke the cuda path)
+    import tvm
+
+    from tvm_combiners.collectives.runtime import tensors
+
+    t = tvm.runtime.tensor(np.arange(6, dtype="float32"))
+    assert tensors.data_ptr(t) == np.from_dlpack(t).ctypes.data

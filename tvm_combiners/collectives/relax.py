@@ -143,9 +143,33 @@ def _legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
         inputs = [bb.match_cast(call.args[0], relax.TensorType(dims, str(ty.dtype)))]
         shape = relax.ShapeExpr(dims)
     out = bb.emit(relax.op.builtin.alloc_tensor(shape, str(ty.dtype), 0))
-    args = [*inputs, *(convert_to_expr(e) for e in extra), out]
+    native = _native_allreduce(spec, str(ty.dtype), shape)
+    if native is not None:
+        name, args = native[0], [*inputs, out, *native[1]]
+    else:
+        args = [*inputs, *(convert_to_expr(e) for e in extra), out]
     bb.emit(relax.Call(relax.ExternFunc(name), args, ty_args=[relax.ObjectType()]))
     return out
+
+
+def _native_allreduce(spec: S.CollectiveSpec, dtype: str, shape: relax.ShapeExpr) -> tuple[str, list] | None:
+    """The native kernel's name and scalar arguments for an allreduce over all ranks on a CPU target.
+
+    Anything else (groups, other dtypes, cuda, no MPI here) keeps the generic runtime function.
+    """
+    target = tvm.target.Target.current(allow_none=True)
+    if spec.kind != "allreduce" or spec.groups is not None or target is None or target.kind.name != "llvm":
+        return None
+    from .runtime import native
+
+    codes = native.codes(spec.op, dtype)
+    if codes is None or not native.prepare():  # built now so that VMs created in this process call it
+        return None
+    count = tirx.const(1, "int64")
+    for dim in shape.values:
+        count = count * dim
+    return native.NAME, [relax.prim_value(count), relax.prim_value(tirx.IntImm("int32", codes[1])),
+                         relax.prim_value(tirx.IntImm("int32", codes[0]))]
 
 
 def _register() -> None:

@@ -12,6 +12,7 @@ from .loader import (
     position_limit,
     prepare_onnx,
     run_onnxruntime,
+    time_onnxruntime,
 )
 
 __all__ = [
@@ -26,4 +27,5 @@ __all__ = [
     "position_limit",
     "prepare_onnx",
     "run_onnxruntime",
+    "time_onnxruntime",
 ]

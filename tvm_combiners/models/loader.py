@@ -12,6 +12,7 @@ import importlib.metadata
 import os
 import re
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -265,10 +266,36 @@ def example_inputs(model: onnx.ModelProto, batch: int = 1, seq: int = 128, seed:
 
 
 def run_onnxruntime(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+    return _ort_session(model).run(None, inputs)
+
+
+def cpu_threads() -> int:
+    """Threads TVM's CPU runtime uses (``TVM_NUM_THREADS``, else every core): ORT gets as many."""
+    value = os.environ.get("TVM_NUM_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else (os.cpu_count() or 1)
+
+
+def _ort_session(model: onnx.ModelProto, threads: int | None = None) -> Any:
     import onnxruntime as ort
 
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, inputs)
+    options = ort.SessionOptions()
+    if threads is not None:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def time_onnxruntime(model: onnx.ModelProto, inputs: dict[str, np.ndarray], repeat: int = 5,
+                     threads: int | None = None) -> float:
+    """Median seconds per run on the CPU after one warm-up run, with TVM's thread count by default."""
+    session = _ort_session(model, threads or cpu_threads())
+    session.run(None, inputs)
+    times = []
+    for _ in range(max(repeat, 1)):
+        start = time.perf_counter()
+        session.run(None, inputs)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
 
 
 def _shape_initializers_as_constants(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -27,6 +27,7 @@ from fuzz_spec import (
 from hypothesis import HealthCheck, example, given, note, reject, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
+from hypothesis.errors import UnsatisfiedAssumption
 from tvm import relay
 
 from tvm_combiners.relay import (
@@ -157,6 +158,8 @@ def check_pass(family: str, spec: ModuleSpec, opts: Options) -> None:
     try:
         new = make(**opts.kwargs())(mod)
         changed = _check(make, family, spec, opts, mod, new)
+    except UnsatisfiedAssumption:
+        raise  # rejected (already counted apart), not a failure
     except Exception as err:
         fuzz_stats.record("relay", make.__name__, spec.count(), False, failed=f"{type(err).__name__}: {err}"[:300])
         if currently_in_test_context():

@@ -9,8 +9,10 @@ on the first call; nothing else needs calling first.
 from .comm import rank, world_size
 from .disco import register_overrides
 from .functions import register_all
+from .native import register_fallback
 
 register_all()
+register_fallback()
 register_overrides()
 
 

@@ -75,7 +75,7 @@ def is_host(t: Any) -> bool:
 def data_ptr(t: Any) -> int:
     """Address of the tensor's first element (device memory for cuda tensors)."""
     if NEW_FFI:
-        return int(t.data_ptr)
+        return int(t.data_ptr())
     handle = t.handle.contents
     return int(handle.data) + int(handle.byte_offset)
 
