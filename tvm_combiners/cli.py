@@ -47,6 +47,10 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--seq", type=int, default=128)
     run.add_argument("--repeat", type=int, default=5, help="timed runs per module (median reported)")
     run.add_argument("--no-combine", action="store_true", help="skip the combiner passes")
+    run.add_argument("--tune", type=int, default=None, metavar="TRIALS",
+                     help="tune every module with MetaSchedule, TRIALS per task (Relax); records are kept and reused")
+    run.add_argument("--tune-dir", default=None, metavar="DIR",
+                     help="where tuning records live (default: $TVM_COMBINERS_TUNE_DIR or ~/.cache/tvm_combiners/tune)")
     run.add_argument("--json", action="store_true", help="print one JSON document on stdout instead of the table")
     run.add_argument("--debug", action="store_true", help="show the traceback of an error")
 
@@ -74,15 +78,16 @@ def _error(args: argparse.Namespace, line: str, code: int, detail: dict[str, Any
 
 
 def _run(args: argparse.Namespace) -> int:
-    for name in ("batch", "seq", "repeat"):
+    for name in ("batch", "seq", "repeat", "tune"):
         value = getattr(args, name)
-        if value < 1:
+        if value is not None and value < 1:
             line = f"--{name} must be a positive integer, got {value}"
             return _error(args, line, 2, {"file": None, "stage": "setup", "message": line, "bad_input": True})
     from .main_job import JobError, run_job
 
     try:
-        report = run_job(args.model, args.target, args.ir, args.batch, args.seq, not args.no_combine, args.repeat)
+        report = run_job(args.model, args.target, args.ir, args.batch, args.seq, not args.no_combine, args.repeat,
+                         tune=args.tune, tune_dir=args.tune_dir)
     except JobError as err:
         line = str(err)
         if not err.bad_input:

@@ -44,6 +44,10 @@ class Backend(Protocol):
     def time(self, built: Any, inputs: dict[str, np.ndarray], target: str, repeat: int) -> float:
         """Median seconds per run, inputs already on the device (TVM's time evaluator)."""
     def has_gpu(self) -> bool: ...
+    def tune_problem(self, target: str) -> str | None:
+        """Why ``--tune`` cannot run here, or None."""
+    def tune(self, mod: Any, target: str, trials: int, root: str | None, say: Any) -> tuple[Any, Any]: ...
+    def compile_tuned(self, mod: Any, target: str, database: Any) -> Any: ...
 
 
 @dataclass
@@ -53,6 +57,7 @@ class Variant:
     compile_s: float
     latency_s: float | None = None
     max_abs_diff: float | None = None
+    tuning: dict[str, Any] | None = None  # tasks, tuned (new to the database), trials_per_task, seconds
 
 
 @dataclass
@@ -88,6 +93,11 @@ class JobReport:
         ratio = self.speedup()
         if ratio is not None:
             lines.append(f"speedup of combined over baseline: {ratio:.2f}x")
+        tuned = [v for v in self.variants if v.tuning]
+        if tuned:
+            lines.append(f"tuned with MetaSchedule, {tuned[0].tuning['trials_per_task']} trials per task: " + ", ".join(
+                f"{v.label} {v.tuning['tasks']} tasks ({v.tuning['tuned']} new, {v.tuning['seconds']:.0f} s)"
+                for v in tuned) + f"; records in {tuned[0].tuning['database']}")
         timed = [v for v in self.variants if v.latency_s]
         if self.ort_latency_s and timed:
             lines.append("latency over onnxruntime's: " + ", ".join(f"{v.label} {v.latency_s / self.ort_latency_s:.2f}x"
@@ -225,8 +235,13 @@ def _backend(ir: str) -> Backend:
 
 
 def run_job(model_path: str | None = None, target: str = "llvm", ir: str | None = None, batch: int = 1, seq: int = 128,
-            combine: bool = True, repeat: int = 5, log: TextIO | None = None) -> JobReport:
-    """Run the whole job; ``ir=None`` picks the environment's IR. Failures raise :class:`JobError`."""
+            combine: bool = True, repeat: int = 5, log: TextIO | None = None, tune: int | None = None,
+            tune_dir: str | None = None) -> JobReport:
+    """Run the whole job; ``ir=None`` picks the environment's IR. Failures raise :class:`JobError`.
+
+    ``tune=TRIALS`` tunes every module with MetaSchedule (the same budget per task for each) before
+    compiling; tasks already in the database under ``tune_dir`` are reused, not tuned again.
+    """
     def progress(msg: str) -> None:
         print(f"[tvm-combiners] {msg}", file=log or sys.stderr, flush=True)
 
@@ -235,6 +250,8 @@ def run_job(model_path: str | None = None, target: str = "llvm", ir: str | None 
     ir = ir or default_ir()
     backend = _backend(ir)
     problem = backend.target_problem(target)
+    if problem is None and tune is not None:
+        problem = backend.tune_problem(target)
     if problem is not None:
         raise JobError(None, "setup", problem)
     with _stage("(default model)", "load", "cannot locate the default model", bad_input=True):
@@ -270,11 +287,17 @@ def run_job(model_path: str | None = None, target: str = "llvm", ir: str | None 
         # The baseline is TVM on the user's model: its failure is a model TVM cannot handle here
         # (exit 2). The combined module failing where the baseline worked is our bug (exit 1).
         is_baseline = label == "baseline"
+        tuned = None
+        if tune is not None:
+            with _stage(path, "tune", f"MetaSchedule cannot tune the {label} module for {target}", bad_input=False):
+                progress(f"tuning {label} for {target} ({tune} trials per task)")
+                tuned = backend.tune(mod, target, tune, tune_dir, progress)
         with _stage(path, "compile", f"TVM cannot compile the {label} module for {target}", bad_input=is_baseline):
             progress(f"compiling {label} for {target}")
             start = time.perf_counter()
-            built = backend.compile(mod, target)
+            built = backend.compile(mod, target) if tuned is None else backend.compile_tuned(mod, target, tuned[0])
             variant = Variant(label, backend.count_ops(mod), time.perf_counter() - start)
+            variant.tuning = None if tuned is None else asdict(tuned[1])
         if executable:
             with _stage(path, "run", f"running the {label} module failed", bad_input=is_baseline):
                 progress(f"running {label} ({repeat} timed runs)")

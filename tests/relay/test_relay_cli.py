@@ -128,3 +128,9 @@ def test_dynamic_image_sizes_are_fixed_for_relay(capsys, tmp_path):
     code, out, error = _run(capsys, path, "--seq", "8", "--json")
     assert (code, error) == (0, None)
     assert [v["max_abs_diff"] for v in json.loads(out)["variants"]] == [0.0, 0.0]
+
+
+def test_tune_says_it_needs_relax(capsys, tmp_path):
+    code, out, error = _run(capsys, parallel_matmuls(tmp_path / "p.onnx"), "--tune", "4")
+    assert code == 2 and out == ""
+    assert error == "--tune uses MetaSchedule over Relax: run it with --ir relax (the main environment)"

@@ -39,3 +39,18 @@ class RelaxBackend:
 
     def has_gpu(self) -> bool:
         return runner.has_gpu()
+
+    def tune_problem(self, target: str) -> str | None:
+        if target == "cuda" and not self.has_gpu():
+            return "--tune measures candidates on the device: tuning for cuda needs a CUDA GPU here"
+        return None
+
+    def tune(self, mod: Any, target: str, trials: int, root: str | None, say: Any) -> tuple[Any, Any]:
+        from . import tuning
+
+        return tuning.tune(mod, runner.make_target(target), trials, root, say)
+
+    def compile_tuned(self, mod: Any, target: str, database: Any) -> Any:
+        from . import tuning
+
+        return tuning.compile_tuned(mod, runner.make_target(target), database)

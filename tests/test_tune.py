@@ -1,0 +1,61 @@
+"""``tvm-combiners run --tune``: MetaSchedule tunes both modules, records persist and are reused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_cli_errors import ERROR, parallel_matmuls
+
+from tvm_combiners.cli import main
+from tvm_combiners.relax import tuning
+from tvm_combiners.relax.runner import make_target
+
+
+def _run_json(capsys, *args: str) -> tuple[dict, str]:
+    assert main(["run", *args, "--json"]) == 0
+    out, err = capsys.readouterr()
+    return json.loads(out), err  # stdout stays one JSON document: MetaSchedule's log is kept off it
+
+
+def test_tune_tunes_both_modules_then_reuses_every_record(capsys, tmp_path):
+    model = parallel_matmuls(tmp_path / "p.onnx")
+    records = tmp_path / "records"
+    args = (str(model), "--batch", "3", "--repeat", "1", "--tune", "2", "--tune-dir", str(records))
+    doc, err = _run_json(capsys, *args)
+    baseline, combined = doc["variants"]
+    folder = tuning.tune_dir(records, tuning.tuning_target(make_target("llvm")))
+    for v in (baseline, combined):
+        assert v["tuning"]["trials_per_task"] == 2 and v["tuning"]["database"] == str(folder)
+        assert v["max_abs_diff"] <= 1e-5  # tuned kernels still compute what onnxruntime does
+    # the baseline's two matmul+add tasks are new; the combined module's one wider GEMM (and its
+    # split) are tasks of their own
+    assert baseline["tuning"]["tasks"] == baseline["tuning"]["tuned"] == 2
+    assert combined["tuning"]["tuned"] >= 1
+    assert "tuning task 1/2" in err and "trials" in err
+    assert (folder / "database_tuning_record.json").stat().st_size > 0
+
+    again, err = _run_json(capsys, *args)
+    assert [v["tuning"]["tuned"] for v in again["variants"]] == [0, 0]  # nothing new: all reused
+    assert [v["tuning"]["tasks"] for v in again["variants"]] == [v["tuning"]["tasks"] for v in doc["variants"]]
+    assert "tuning task 1/" not in err and "2 MetaSchedule tasks, 0 without records" in err
+    assert all(v["max_abs_diff"] <= 1e-5 for v in again["variants"])
+
+
+def test_tune_needs_a_positive_budget(capsys, tmp_path):
+    model = parallel_matmuls(tmp_path / "p.onnx")
+    assert main(["run", str(model), "--tune", "0"]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"{ERROR}--tune must be a positive integer, got 0"]
+
+
+def test_tune_dirs_are_per_target(tmp_path):
+    a = tuning.tune_dir(tmp_path, tuning.tuning_target(make_target("llvm")))
+    assert a.parent == tmp_path and "num-cores=" in a.name and a.name.startswith("llvm")
+    with pytest.raises(ValueError, match=r"^tune: trials must be a positive int, got 0$"):
+        tuning.tune(None, make_target("llvm"), 0, tmp_path)
+
+
+def test_tune_dir_defaults_to_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("TVM_COMBINERS_TUNE_DIR", str(tmp_path))
+    assert Path(tuning.tune_dir(None, make_target("llvm"))).parent == tmp_path

@@ -1,0 +1,139 @@
+"""MetaSchedule tuning for the main job: one persistent database per target, shared by every module.
+
+Why one database for the baseline and the combined module: their common tasks (layer norms,
+attention, the GEMMs that were not combined) are tuned once and reused, and only the combined
+module's new GEMM shapes become tasks of their own, each with the same trial budget. A second run
+on the same target tunes only the tasks the database has never seen.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tvm
+
+#: Where tuning records live unless ``--tune-dir`` (or ``TVM_COMBINERS_TUNE_DIR``) says otherwise.
+DEFAULT_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tvm_combiners" / "tune"
+
+
+@dataclass
+class TuneSummary:
+    """What tuning one module did: its task count, how many were new, the budget each got."""
+
+    tasks: int
+    tuned: int
+    trials_per_task: int
+    seconds: float
+    database: str
+
+
+def tuning_target(target: tvm.target.Target) -> tvm.target.Target:
+    """``target`` with the core count MetaSchedule needs on CPUs (the physical cores, as it expects)."""
+    if target.kind.name != "llvm" or "num-cores" in target.attrs:
+        return target
+    import psutil
+
+    config = dict(target.export())
+    config["num-cores"] = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    return tvm.target.Target(config)
+
+
+def tune_dir(root: str | os.PathLike | None, target: tvm.target.Target) -> Path:
+    """The database folder for ``target`` under ``root``: records of one target never mix with another's."""
+    base = Path(root or os.environ.get("TVM_COMBINERS_TUNE_DIR") or DEFAULT_DIR)
+    keys = {k: str(v) for k, v in target.attrs.items() if k in ("mcpu", "mtriple", "arch", "num-cores")}
+    name = target.kind.name + "".join(f"-{k}={v}" for k, v in sorted(keys.items()))
+    return base / re.sub(r"[^A-Za-z0-9._=-]+", "_", name)
+
+
+def _ms() -> Any:
+    from tvm.s_tir import meta_schedule
+
+    return meta_schedule
+
+
+def _fused(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+    """The module as ``compile_relax`` sees it before applying the database, so task keys match."""
+    from tvm import relax
+
+    passes = [*relax.pipeline.library_dispatch_passes(target), relax.transform.LegalizeOps(),
+              relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(), relax.transform.FuseOps(),
+              relax.transform.FuseTIR()]
+    with target:
+        return tvm.transform.Sequential(passes)(mod)
+
+
+def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params: Any) -> Any:
+    """MetaSchedule's builder step without importing ``tvm.s_tir.tensor_intrin``.
+
+    TVM's default build imports that module in every fresh builder process, and the import alone
+    takes ~30 s here: longer than the builder's timeout, so every candidate "failed to build".
+    CPU candidates never use its tensor intrinsics.
+    """
+    from tvm.driver import build
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    return build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
+
+
+def _has_records(db: Any, task: Any) -> bool:
+    mod = task.dispatched[0]
+    return bool(db.has_workload(mod) and db.get_top_k(db.commit_workload(mod), 1))
+
+
+def _progress_callback(names: list[str], trials: int, say: Callable[[str], None]) -> Any:
+    """A measure callback that reports each task's trials as batches finish (tuning takes minutes)."""
+    from tvm.ir.utils import derived_object
+
+    ms = _ms()
+    done = [0] * len(names)
+
+    @derived_object
+    class Progress(ms.measure_callback.PyMeasureCallback):
+        def apply(self, task_scheduler: Any, task_id: int, measure_candidates: Any, builder_results: Any,
+                  runner_results: Any) -> None:
+            done[task_id] += len(measure_candidates)
+            finished = sum(d >= trials for d in done)
+            say(f"tuning task {task_id + 1}/{len(names)} {names[task_id]}: {min(done[task_id], trials)}/{trials} "
+                f"trials ({finished}/{len(names)} tasks done)")
+
+    return Progress()
+
+
+def tune(mod: tvm.IRModule, target: tvm.target.Target, trials: int, root: str | os.PathLike | None = None,
+         say: Callable[[str], None] = lambda msg: None) -> tuple[Any, TuneSummary]:
+    """Tune the tasks of ``mod`` the database lacks, ``trials`` each; returns (database, summary)."""
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
+        raise ValueError(f"tune: trials must be a positive int, got {trials!r}")
+    ms = _ms()
+    start = time.perf_counter()
+    # MetaSchedule's console log goes to stdout (it would break --json): keep it in the log files only
+    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
+    target = tuning_target(target)
+    folder = tune_dir(root, target)
+    folder.mkdir(parents=True, exist_ok=True)
+    db = ms.database.JSONDatabase(work_dir=str(folder))
+    tasks = ms.relax_integration.extract_tasks(_fused(mod, target), target)
+    new = [t for t in tasks if not _has_records(db, t)]
+    say(f"{len(tasks)} MetaSchedule tasks, {len(new)} without records in {folder}")
+    if new:
+        contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(new, str(folder / "logs"))
+        callbacks = [*ms.MeasureCallback.create("default"),
+                     _progress_callback([t.task_name for t in new], trials, say)]
+        ms.tune_tasks(tasks=contexts, task_weights=weights, work_dir=str(folder / "logs"),
+                      max_trials_global=trials * len(new), max_trials_per_task=trials,
+                      num_trials_per_iter=min(64, trials), database=db, measure_callbacks=callbacks,
+                      builder=ms.builder.LocalBuilder(f_build=build_candidate, timeout_sec=60))
+    return db, TuneSummary(len(tasks), len(new), trials, time.perf_counter() - start, str(folder))
+
+
+def compile_tuned(mod: tvm.IRModule, target: tvm.target.Target, db: Any) -> Any:
+    """Compile with the database's best schedules (untuned functions keep the default lowering)."""
+    return _ms().relax_integration.compile_relax(db, mod, tuning_target(target), params=None)
