@@ -39,8 +39,13 @@ def test_tune_tunes_both_modules_then_reuses_every_record(capsys, tmp_path):
     again, err = _run_json(capsys, *args)
     assert [v["tuning"]["tuned"] for v in again["variants"]] == [0, 0]  # nothing new: all reused
     assert [v["tuning"]["tasks"] for v in again["variants"]] == [v["tuning"]["tasks"] for v in doc["variants"]]
-    assert "tuning task 1/" not in err and "2 MetaSchedule tasks, 0 without records" in err
+    assert "tuning task 1/" not in err and "2 MetaSchedule tasks, 0 to tune" in err
     assert all(v["max_abs_diff"] <= 1e-5 for v in again["variants"])
+
+    # a bigger budget than the records had: the baseline's tasks are tuned again, with 3 trials each
+    more, err = _run_json(capsys, *args[:-3], "3", "--tune-dir", str(records))
+    assert more["variants"][0]["tuning"]["tuned"] == 2 and more["variants"][0]["tuning"]["trials_per_task"] == 3
+    assert "/3 trials" in err
 
 
 def test_tune_needs_a_positive_budget(capsys, tmp_path):

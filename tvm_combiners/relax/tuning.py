@@ -8,6 +8,7 @@ on the same target tunes only the tasks the database has never seen.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -83,9 +84,27 @@ def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params: Any) 
     return build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
 
 
-def _has_records(db: Any, task: Any) -> bool:
+LEDGER = "budgets.json"  # task hash -> the most trials it was ever tuned with, beside the records
+
+
+def _task_key(task: Any) -> str:
+    import tvm_ffi
+
+    return str(tvm_ffi.structural_hash(task.dispatched[0]))
+
+
+def _read_ledger(folder: Path) -> dict[str, int]:
+    try:
+        return {str(k): int(v) for k, v in json.loads((folder / LEDGER).read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}  # none yet, or unreadable: every task counts as untuned
+
+
+def _needs_tuning(db: Any, task: Any, ledger: dict[str, int], trials: int) -> bool:
+    """A task is tuned again when it has no record, or was tuned with a smaller budget than asked."""
     mod = task.dispatched[0]
-    return bool(db.has_workload(mod) and db.get_top_k(db.commit_workload(mod), 1))
+    has_records = db.has_workload(mod) and db.get_top_k(db.commit_workload(mod), 1)
+    return not has_records or ledger.get(_task_key(task), 0) < trials
 
 
 def _progress_callback(names: list[str], trials: int, say: Callable[[str], None]) -> Any:
@@ -109,7 +128,10 @@ def _progress_callback(names: list[str], trials: int, say: Callable[[str], None]
 
 def tune(mod: tvm.IRModule, target: tvm.target.Target, trials: int, root: str | os.PathLike | None = None,
          say: Callable[[str], None] = lambda msg: None) -> tuple[Any, TuneSummary]:
-    """Tune the tasks of ``mod`` the database lacks, ``trials`` each; returns (database, summary)."""
+    """Tune the tasks of ``mod`` the database lacks (or got fewer trials), ``trials`` each.
+
+    Returns (database, summary).
+    """
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
         raise ValueError(f"tune: trials must be a positive int, got {trials!r}")
     ms = _ms()
@@ -121,8 +143,9 @@ def tune(mod: tvm.IRModule, target: tvm.target.Target, trials: int, root: str | 
     folder.mkdir(parents=True, exist_ok=True)
     db = ms.database.JSONDatabase(work_dir=str(folder))
     tasks = ms.relax_integration.extract_tasks(_fused(mod, target), target)
-    new = [t for t in tasks if not _has_records(db, t)]
-    say(f"{len(tasks)} MetaSchedule tasks, {len(new)} without records in {folder}")
+    ledger = _read_ledger(folder)
+    new = [t for t in tasks if _needs_tuning(db, t, ledger, trials)]
+    say(f"{len(tasks)} MetaSchedule tasks, {len(new)} to tune (no records, or fewer than {trials} trials) in {folder}")
     if new:
         contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(new, str(folder / "logs"))
         callbacks = [*ms.MeasureCallback.create("default"),
@@ -131,6 +154,8 @@ def tune(mod: tvm.IRModule, target: tvm.target.Target, trials: int, root: str | 
                       max_trials_global=trials * len(new), max_trials_per_task=trials,
                       num_trials_per_iter=min(64, trials), database=db, measure_callbacks=callbacks,
                       builder=ms.builder.LocalBuilder(f_build=build_candidate, timeout_sec=60))
+        ledger.update({_task_key(t): max(trials, ledger.get(_task_key(t), 0)) for t in new})
+        (folder / LEDGER).write_text(json.dumps(ledger, indent=1, sort_keys=True))
     return db, TuneSummary(len(tasks), len(new), trials, time.perf_counter() - start, str(folder))
 
 

@@ -1,0 +1,73 @@
+"""Tuned latency: baseline vs combined vs onnxruntime, MetaSchedule with the same budget per task.
+
+    .venv/bin/python benchmarks/bench_tuned.py [--trials N] [--models minilm,bert-base] [--tune-dir DIR]
+
+Each model goes through the main job (``run_job(..., tune=N)``), so every figure of a row comes from
+one run: the baseline and the combined module tuned with N trials per task (tasks they share are
+tuned once, in one database), then timed, and onnxruntime timed on the same inputs with the same
+thread count. Records persist under ``--tune-dir``: a second run only measures. The BERT-base-sized
+model (12 layers, hidden 768, vocabulary 2000) is a randomly initialised transformers BertModel
+exported with torch.onnx.export.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tvm_combiners.main_job import run_job
+
+MODELS = {"minilm": ("MiniLM-L3 b1 s128", 128), "bert-base": ("BERT-base b1 s128", 128)}
+
+
+def _model_path(key: str, tmp: Path) -> str | None:
+    if key == "minilm":
+        return None  # the job's default model
+    from tvm_combiners.models.hf_export import export_bert
+
+    path = tmp / "bert_base.onnx"
+    print("# exporting a BERT-base-sized model (12 layers, hidden 768)", file=sys.stderr, flush=True)
+    export_bert(path, layers=12, hidden=768, heads=12, vocab=2000, seq=128, dynamic=False)
+    return str(path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=64, help="MetaSchedule trials per task (default 64)")
+    parser.add_argument("--models", default="minilm,bert-base", help="comma-separated: " + ", ".join(MODELS))
+    parser.add_argument("--tune-dir", default=None, help="tuning records (default: the job's cache folder)")
+    parser.add_argument("--repeat", type=int, default=10, help="timed runs per module (median)")
+    args = parser.parse_args()
+    keys = [k.strip() for k in args.models.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in MODELS]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}: expected {', '.join(MODELS)}")
+    head = ["model", "trials/task", "tasks base/comb (new)", "tune s", "baseline ms", "combined ms", "onnxruntime ms",
+            "combined/baseline", "baseline/ORT", "combined/ORT"]
+    rows = [head]
+    with tempfile.TemporaryDirectory() as tmp:
+        for key in keys:
+            name, seq = MODELS[key]
+            start = time.perf_counter()
+            report = run_job(_model_path(key, Path(tmp)), "llvm", "relax", 1, seq, True, args.repeat, tune=args.trials,
+                             tune_dir=args.tune_dir)
+            base, comb = report.variants
+            ort = report.ort_latency_s
+            tasks = "/".join(f"{v.tuning['tasks']} ({v.tuning['tuned']})" for v in (base, comb))
+            rows.append([name, str(args.trials), tasks, f"{time.perf_counter() - start:.0f}",
+                         f"{base.latency_s * 1e3:.2f}", f"{comb.latency_s * 1e3:.2f}", f"{ort * 1e3:.2f}",
+                         f"{base.latency_s / comb.latency_s:.3f}x", f"{base.latency_s / ort:.2f}x",
+                         f"{comb.latency_s / ort:.2f}x"])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    print(f"llvm, tuned with MetaSchedule ({args.trials} trials per task, same budget for both modules); "
+          f"onnxruntime on the CPU with TVM's thread count; combined/baseline > 1 means combined is faster")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
