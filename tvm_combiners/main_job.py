@@ -57,7 +57,7 @@ class Variant:
     compile_s: float
     latency_s: float | None = None
     max_abs_diff: float | None = None
-    tuning: dict[str, Any] | None = None  # tasks, tuned (new to the database), trials_per_task, seconds
+    tuning: dict[str, Any] | None = None  # tasks, tuned (in this run), trials_per_task, seconds, database
 
 
 @dataclass
@@ -96,7 +96,7 @@ class JobReport:
         tuned = [v for v in self.variants if v.tuning]
         if tuned:
             lines.append(f"tuned with MetaSchedule, {tuned[0].tuning['trials_per_task']} trials per task: " + ", ".join(
-                f"{v.label} {v.tuning['tasks']} tasks ({v.tuning['tuned']} new, {v.tuning['seconds']:.0f} s)"
+                f"{v.label} {v.tuning['tasks']} tasks ({v.tuning['tuned']} tuned now, {v.tuning['seconds']:.0f} s)"
                 for v in tuned) + f"; records in {tuned[0].tuning['database']}")
         timed = [v for v in self.variants if v.latency_s]
         if self.ort_latency_s and timed:
