@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tvm_combiners.examples.report import table
 from tvm_combiners.main_job import run_job
 
 MODELS = {"minilm": ("MiniLM-L3 b1 s128", 128), "bert-base": ("BERT-base b1 s128", 128)}
@@ -47,7 +48,7 @@ def main() -> None:
         parser.error(f"unknown model(s) {', '.join(unknown)}: expected {', '.join(MODELS)}")
     head = ["model", "trials/task", "tasks base/comb (new)", "tune s", "baseline ms", "combined ms", "onnxruntime ms",
             "combined/baseline", "baseline/ORT", "combined/ORT"]
-    rows = [head]
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for key in keys:
             name, seq = MODELS[key]
@@ -61,12 +62,9 @@ def main() -> None:
                          f"{base.latency_s * 1e3:.2f}", f"{comb.latency_s * 1e3:.2f}", f"{ort * 1e3:.2f}",
                          f"{base.latency_s / comb.latency_s:.3f}x", f"{base.latency_s / ort:.2f}x",
                          f"{comb.latency_s / ort:.2f}x"])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
     print(f"llvm, tuned with MetaSchedule ({args.trials} trials per task, same budget for both modules); "
           f"onnxruntime on the CPU with TVM's thread count; combined/baseline > 1 means combined is faster")
-    print("\n".join(lines))
+    print(table(rows, head))
 
 
 if __name__ == "__main__":

@@ -100,11 +100,11 @@ def _read_ledger(folder: Path) -> dict[str, int]:
         return {}  # none yet, or unreadable: every task counts as untuned
 
 
-def _needs_tuning(db: Any, task: Any, ledger: dict[str, int], trials: int) -> bool:
+def _needs_tuning(db: Any, task: Any, budget: int, trials: int) -> bool:
     """A task is tuned again when it has no record, or was tuned with a smaller budget than asked."""
     mod = task.dispatched[0]
     has_records = db.has_workload(mod) and db.get_top_k(db.commit_workload(mod), 1)
-    return not has_records or ledger.get(_task_key(task), 0) < trials
+    return not has_records or budget < trials
 
 
 def _progress_callback(names: list[str], trials: int, say: Callable[[str], None]) -> Any:
@@ -144,18 +144,20 @@ def tune(mod: tvm.IRModule, target: tvm.target.Target, trials: int, root: str | 
     db = ms.database.JSONDatabase(work_dir=str(folder))
     tasks = ms.relax_integration.extract_tasks(_fused(mod, target), target)
     ledger = _read_ledger(folder)
-    new = [t for t in tasks if _needs_tuning(db, t, ledger, trials)]
+    keys = [_task_key(t) for t in tasks]
+    new = [(t, k) for t, k in zip(tasks, keys) if _needs_tuning(db, t, ledger.get(k, 0), trials)]
     say(f"{len(tasks)} MetaSchedule tasks, {len(new)} to tune (no records, or fewer than {trials} trials) in {folder}")
     if new:
-        contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(new, str(folder / "logs"))
+        todo = [t for t, _ in new]
+        contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(todo, str(folder / "logs"))
         callbacks = [*ms.MeasureCallback.create("default"),
-                     _progress_callback([t.task_name for t in new], trials, say)]
+                     _progress_callback([t.task_name for t in todo], trials, say)]
         ms.tune_tasks(tasks=contexts, task_weights=weights, work_dir=str(folder / "logs"),
                       max_trials_global=trials * len(new), max_trials_per_task=trials,
                       num_trials_per_iter=min(64, trials), database=db, measure_callbacks=callbacks,
                       builder=ms.builder.LocalBuilder(f_build=build_candidate, timeout_sec=60)
                       if target.kind.name == "llvm" else ms.builder.LocalBuilder(timeout_sec=120))
-        ledger.update({_task_key(t): max(trials, ledger.get(_task_key(t), 0)) for t in new})
+        ledger.update({k: max(trials, ledger.get(k, 0)) for _, k in new})
         (folder / LEDGER).write_text(json.dumps(ledger, indent=1, sort_keys=True))
     return db, TuneSummary(len(tasks), len(new), trials, time.perf_counter() - start, str(folder))
 

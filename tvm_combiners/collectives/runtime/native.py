@@ -115,10 +115,6 @@ def prepare() -> bool:
     return True
 
 
-def why_unavailable() -> str | None:
-    return _unavailable
-
-
 def _generic(x: Any, out: Any, count: int, dtype_code: int, op_code: int) -> None:
     """The name's first owner: the Python path, which also builds the kernel for later VMs."""
     from .functions import allreduce
