@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import tvm
 from test_cli_errors import ERROR, parallel_matmuls
 
 from tvm_combiners.cli import main
@@ -54,9 +55,13 @@ def test_tune_needs_a_positive_budget(capsys, tmp_path):
     assert capsys.readouterr().err.splitlines() == [f"{ERROR}--tune must be a positive integer, got 0"]
 
 
-def test_tune_dirs_are_per_target(tmp_path):
+def test_tune_dirs_are_per_target(tmp_path, monkeypatch):
     a = tuning.tune_dir(tmp_path, tuning.tuning_target(make_target("llvm")))
     assert a.parent == tmp_path and "num-cores=" in a.name and a.name.startswith("llvm")
+    assert f"mcpu={tvm.target.codegen.llvm_get_system_cpu()}" in a.name
+    monkeypatch.setenv("TVM_COMBINERS_MCPU", "generic")  # records for another CPU never mix with these
+    assert tuning.tune_dir(tmp_path, tuning.tuning_target(make_target("llvm"))).name == a.name.replace(
+        f"mcpu={tvm.target.codegen.llvm_get_system_cpu()}", "mcpu=generic")
     with pytest.raises(ValueError, match=r"^tune: trials must be a positive int, got 0$"):
         tuning.tune(None, make_target("llvm"), 0, tmp_path)
 

@@ -10,17 +10,19 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..host import host_cpu
+
 
 def make_target(kind: str) -> tvm.target.Target:
     """``llvm`` for this CPU, or ``cuda`` (sm_90 unless a GPU says otherwise) with an llvm host."""
     if kind == "llvm":
-        return tvm.target.Target({"kind": "llvm"})
+        return tvm.target.Target({"kind": "llvm", "mcpu": host_cpu()})
     if kind == "cuda":
         arch = "sm_90"
         dev = tvm.cuda(0)
         if dev.exist:
             arch = "sm_" + str(dev.compute_version).replace(".", "")
-        return tvm.target.Target({"kind": "cuda", "arch": arch}, host={"kind": "llvm"})
+        return tvm.target.Target({"kind": "cuda", "arch": arch}, host={"kind": "llvm", "mcpu": host_cpu()})
     raise ValueError(f"unknown target {kind!r}: expected 'llvm' or 'cuda'")
 
 

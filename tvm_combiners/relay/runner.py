@@ -11,15 +11,19 @@ import tvm
 from tvm import relay
 from tvm.contrib import graph_executor
 
+from ..host import host_cpu
+
 #: hhb-tvm's default "llvm" means riscv64: always name the host triple.
 LLVM_TARGET = "llvm -mtriple=x86_64-linux-gnu"
 
 
 def make_target(kind: str) -> tvm.target.Target:
+    """``llvm`` for this CPU (x86-64 triple, host ``-mcpu``), or ``cuda`` with that llvm host."""
+    host = f"{LLVM_TARGET} -mcpu={host_cpu()}"
     if kind == "llvm":
-        return tvm.target.Target(LLVM_TARGET)
+        return tvm.target.Target(host)
     if kind == "cuda":
-        return tvm.target.Target("cuda", host=LLVM_TARGET)
+        return tvm.target.Target("cuda", host=host)
     raise ValueError(f"unknown target {kind!r}: expected 'llvm' or 'cuda'")
 
 
