@@ -1,6 +1,10 @@
 """Tuned latency: baseline vs combined vs onnxruntime, MetaSchedule with the same budget per task.
 
     .venv/bin/python benchmarks/bench_tuned.py [--trials N] [--models minilm,bert-base] [--tune-dir DIR]
+        [--target llvm|cuda] [--batches 1,8]
+
+``--trials 0`` measures the default pipeline (dlight rules on cuda) untuned. ``--target cuda``
+needs a CUDA GPU here; onnxruntime always runs on the CPU (the CPU package is what is installed).
 
 Each model goes through the main job (``run_job(..., tune=N)``), so every figure of a row comes from
 one run: the baseline and the combined module tuned with N trials per task (tasks they share are
@@ -21,7 +25,7 @@ from pathlib import Path
 from tvm_combiners.examples.report import table
 from tvm_combiners.main_job import run_job
 
-MODELS = {"minilm": ("MiniLM-L3 b1 s128", 128), "bert-base": ("BERT-base b1 s128", 128)}
+MODELS = {"minilm": ("MiniLM-L3", 128), "bert-base": ("BERT-base", 128)}
 
 
 def _model_path(key: str, tmp: Path) -> str | None:
@@ -37,33 +41,46 @@ def _model_path(key: str, tmp: Path) -> str | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=64, help="MetaSchedule trials per task (default 64)")
+    parser.add_argument("--trials", type=int, default=64, help="MetaSchedule trials per task (default 64; 0: untuned)")
     parser.add_argument("--models", default="minilm,bert-base", help="comma-separated: " + ", ".join(MODELS))
     parser.add_argument("--tune-dir", default=None, help="tuning records (default: the job's cache folder)")
     parser.add_argument("--repeat", type=int, default=10, help="timed runs per module (median)")
+    parser.add_argument("--target", choices=["llvm", "cuda"], default="llvm")
+    parser.add_argument("--batches", default="1", help="comma-separated batch sizes (default 1)")
     args = parser.parse_args()
+    if args.trials < 0:
+        parser.error(f"--trials must be 0 (untuned) or positive, got {args.trials}")
+    batches = [int(b) for b in args.batches.split(",") if b.strip()]
+    if args.target == "cuda":
+        from tvm_combiners.relax.runner import has_gpu
+
+        if not has_gpu():
+            parser.error("--target cuda measures on the GPU: this machine has no CUDA GPU")
     keys = [k.strip() for k in args.models.split(",") if k.strip()]
     unknown = [k for k in keys if k not in MODELS]
     if unknown:
         parser.error(f"unknown model(s) {', '.join(unknown)}: expected {', '.join(MODELS)}")
-    head = ["model", "trials/task", "tasks base/comb (new)", "tune s", "baseline ms", "combined ms", "onnxruntime ms",
+    head = ["model", "trials/task", "tasks base/comb (new)", "job s", "baseline ms", "combined ms", "onnxruntime ms",
             "combined/baseline", "baseline/ORT", "combined/ORT"]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for key in keys:
+        for key, batch in ((k, b) for k in keys for b in batches):
             name, seq = MODELS[key]
             start = time.perf_counter()
-            report = run_job(_model_path(key, Path(tmp)), "llvm", "relax", 1, seq, True, args.repeat, tune=args.trials,
-                             tune_dir=args.tune_dir)
+            report = run_job(_model_path(key, Path(tmp)), args.target, "relax", batch, seq, True, args.repeat,
+                             tune=args.trials or None, tune_dir=args.tune_dir)
             base, comb = report.variants
             ort = report.ort_latency_s
-            tasks = "/".join(f"{v.tuning['tasks']} ({v.tuning['tuned']})" for v in (base, comb))
-            rows.append([name, str(args.trials), tasks, f"{time.perf_counter() - start:.0f}",
+            tasks = "/".join(f"{v.tuning['tasks']} ({v.tuning['tuned']})" for v in (base, comb)) if args.trials else "-"
+            rows.append([f"{name} b{batch} s{seq}", str(args.trials or "untuned"), tasks,
+                         f"{time.perf_counter() - start:.0f}",
                          f"{base.latency_s * 1e3:.2f}", f"{comb.latency_s * 1e3:.2f}", f"{ort * 1e3:.2f}",
                          f"{base.latency_s / comb.latency_s:.3f}x", f"{base.latency_s / ort:.2f}x",
                          f"{comb.latency_s / ort:.2f}x"])
-    print(f"llvm, tuned with MetaSchedule ({args.trials} trials per task, same budget for both modules); "
-          f"onnxruntime on the CPU with TVM's thread count; combined/baseline > 1 means combined is faster")
+    how = (f"tuned with MetaSchedule ({args.trials} trials per task, same budget for both modules)" if args.trials
+           else "default pipeline, untuned" + (" (dlight)" if args.target == "cuda" else ""))
+    print(f"{args.target}, {how}; onnxruntime on the CPU with TVM's thread count; "
+          f"combined/baseline > 1 means combined is faster")
     print(table(rows, head))
 
 
