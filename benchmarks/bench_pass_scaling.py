@@ -1,10 +1,13 @@
-"""How our pass time grows with graph size: 4x more work should cost about 4x more time.
+"""How our pass time grows with graph size, beside TVM's own combiner on the same module.
 
-    .venv/bin/python benchmarks/bench_pass_scaling.py [--sizes 100,400] [--ir relax|relay|both]
+    .venv/bin/python benchmarks/bench_pass_scaling.py [--sizes 200,800] [--bert-layers 12,48] [--ir relax|relay|both]
 
-Two shapes (issue 8, item 5): one input read by N sibling branches of 20 followers each, and N
-layers of three sibling matmuls (QKV-like) chained through their sum. Each row is timed in the
-same run; the ratio column divides by the row with the smallest N of that shape.
+Three shapes: one input read by N sibling branches of 20 followers each; N layers of three sibling
+matmuls (QKV-like) chained through their sum; and a BERT-base-sized model (hidden 768, seq 32) of
+N layers, exported with torch and imported from ONNX. 4x more work should cost about 4x more
+time: the ``x time`` column divides by the row with the smallest N of that shape. TVM's pass is
+``relax.transform.CombineParallelMatmul`` or Relay's ``CombineParallel*`` after CSE at opt_level 4
+(what ``benchmarks/measure.py`` runs). CPU seconds of this process, every row from the same run.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -69,55 +73,96 @@ def relay_module(shape: str, n: int):
     return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x, w], body)))
 
 
-def measure(ir: str, shape: str, n: int) -> dict:
-    """In this process: build, run our pass, count ops."""
-    if ir == "relax":
-        from tvm_combiners.relax import CombineParallelOps
-        from tvm_combiners.relax.runner import count_ops
+def measure(ir: str, shape: str, n: int, model: str | None) -> None:
+    """In this process: build, run our pass, then TVM's on the same module, count the combinable ops.
 
-        mod, op = relax_module(shape, n), "matmul"
+    Prints one JSON line after each pass, so a TVM pass that outlives the parent's timeout still
+    leaves our row behind.
+    """
+    from measure import builtin_combine
+
+    from tvm_combiners.main_job import _backend
+    from tvm_combiners.models import prepare_onnx
+
+    backend = _backend(ir)
+    if model:  # as the main job imports it (Relay: module and params)
+        mod = backend.import_model(prepare_onnx(model, 1, 32))
     else:
-        from tvm_combiners.relay import CombineParallelOps
-        from tvm_combiners.relay.runner import count_ops
+        mod = relax_module(shape, n) if ir == "relax" else (relay_module(shape, n), {})
+    small = relax_module("layers", 2) if ir == "relax" else (relay_module("layers", 2), {})
+    ops = lambda m: sum(backend.count_ops(m).values())  # noqa: E731
+    row = {"ir": ir, "shape": shape, "n": n, "before": ops(mod)}
+    for name, run in (("ours", lambda m: backend.combine(m, None)), ("tvm", lambda m: builtin_combine(ir, m))):
+        run(small)  # warm up: lazy imports and first-call costs are not pass time
+        start = time.process_time()  # CPU time: other processes on a busy machine do not count
+        out = run(mod)
+        row[f"{name}_s"], row[f"after_{name}"] = time.process_time() - start, ops(out)
+        print(json.dumps(row), flush=True)
 
-        mod, op = relay_module(shape, n), "nn.dense"
-    start = time.process_time()  # CPU time: other processes on a busy machine do not count
-    new = CombineParallelOps()(mod)
-    seconds = time.process_time() - start
-    return {"ir": ir, "shape": shape, "n": n, "seconds": seconds, "before": count_ops(mod)[op],
-            "after": count_ops(new)[op]}
+
+def run_case(ir: str, shape: str, n: int, model: str, timeout: float) -> dict | None:
+    """One case in a fresh process; TVM's figures are None when its pass did not finish in time."""
+    cmd = [str(PYTHONS[ir]), __file__, "--one", ir, shape, str(n), model]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        out, failed = proc.stdout, proc.returncode != 0 and proc.stderr.strip()[-300:]
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        failed = None
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    if failed or not rows:
+        print(f"# {ir} {shape} {n}: failed: {failed or 'no result in time'}", file=sys.stderr)
+        return None
+    return {"tvm_s": None, "after_tvm": None, **rows[-1]}
+
+
+def export_berts(layers: list[int], folder: Path) -> dict[int, str]:
+    from tvm_combiners.models.hf_export import export_bert
+
+    paths = {}
+    for n in layers:
+        print(f"# exporting a {n}-layer BERT-base-sized model (hidden 768)", file=sys.stderr, flush=True)
+        paths[n] = str(folder / f"bert_{n}.onnx")
+        export_bert(paths[n], layers=n, hidden=768, heads=12, vocab=2000, seq=32, dynamic=False)
+    return paths
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="200,800")
+    parser.add_argument("--sizes", default="200,800", help="N of the two synthetic shapes")
+    parser.add_argument("--bert-layers", default="12,48", help="layers of the BERT-base-sized models ('' for none)")
     parser.add_argument("--ir", choices=["relax", "relay", "both"], default="both")
-    parser.add_argument("--one", nargs=3, metavar=("IR", "SHAPE", "N"), help=argparse.SUPPRESS)
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per case (TVM's pass may not finish)")
+    parser.add_argument("--one", nargs=4, metavar=("IR", "SHAPE", "N", "MODEL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        ir, shape, n = args.one
-        print(json.dumps(measure(ir, shape, int(n))))
+        ir, shape, n, model = args.one
+        measure(ir, shape, int(n), model or None)
         return
     irs = ["relax", "relay"] if args.ir == "both" else [args.ir]
-    sizes = [int(s) for s in args.sizes.split(",")]
+    cases = [(shape, int(n), "") for shape in ("siblings", "layers") for n in args.sizes.split(",") if n]
     rows = []
-    for ir in irs:
-        if not PYTHONS[ir].exists():
-            continue
-        for shape in ("siblings", "layers"):
-            for n in sizes:
-                proc = subprocess.run([str(PYTHONS[ir]), __file__, "--one", ir, shape, str(n)], capture_output=True,
-                                      text=True)
-                if proc.returncode != 0:
-                    print(f"# {ir} {shape} {n}: failed: {proc.stderr.strip()[-300:]}", file=sys.stderr)
-                    continue
-                rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    print(f"{'ir':6} {'shape':9} {'N':>6} {'ops before':>10} {'after':>6} {'cpu s':>8} {'x work':>6} {'x time':>6}")
+    with tempfile.TemporaryDirectory() as tmp:
+        berts = export_berts([int(n) for n in args.bert_layers.split(",") if n], Path(tmp))
+        cases += [("bert", n, path) for n, path in berts.items()]
+        for ir in irs:
+            if not PYTHONS[ir].exists():
+                continue
+            for shape, n, model in cases:
+                print(f"# {ir} {shape} {n}", file=sys.stderr, flush=True)
+                row = run_case(ir, shape, n, model, args.timeout)
+                if row:
+                    rows.append(row)
+    print(f"{'ir':6} {'shape':9} {'N':>6} {'ops before':>10} {'ours':>6} {'TVM':>6} {'our cpu s':>10} "
+          f"{'TVM cpu s':>10} {'TVM/ours':>9} {'x work':>6} {'x time':>6}")
+    late = f"> {args.timeout:.0f}"
     for r in rows:
         base = next(b for b in rows if b["ir"] == r["ir"] and b["shape"] == r["shape"])
-        print(f"{r['ir']:6} {r['shape']:9} {r['n']:>6} {r['before']:>10} {r['after']:>6} {r['seconds']:>8.2f} "
-              f"{r['n'] / base['n']:>6.1f} {r['seconds'] / base['seconds']:>6.2f}")
-
+        tvm_s = late if r["tvm_s"] is None else f"{r['tvm_s']:.2f}"
+        ratio = ">" if r["tvm_s"] is None else f"{r['tvm_s'] / max(r['ours_s'], 1e-9):.2f}"
+        print(f"{r['ir']:6} {r['shape']:9} {r['n']:>6} {r['before']:>10} {r['after_ours']:>6} "
+              f"{'-' if r['after_tvm'] is None else r['after_tvm']:>6} {r['ours_s']:>10.2f} {tvm_s:>10} {ratio:>9} "
+              f"{r['n'] / base['n']:>6.1f} {r['ours_s'] / base['ours_s']:>6.2f}")
 
 if __name__ == "__main__":
     main()
