@@ -19,7 +19,7 @@ def _matmul() -> tvm.IRModule:
 
 def test_llvm_target_names_the_host_cpu():
     target = make_target("llvm")
-    assert str(target.attrs["mcpu"]) == tvm.target.codegen.llvm_get_system_cpu() != "generic"
+    assert str(target.attrs["mcpu"]) == tvm.target.codegen.llvm_get_system_cpu()
     assert str(make_target("cuda").host.attrs["mcpu"]) == str(target.attrs["mcpu"])
 
 

@@ -50,10 +50,6 @@ def dims_of(ty: Any) -> tuple[Dim, ...] | None:
     return tuple(dims)
 
 
-def _is_tensor(expr: Any) -> bool:
-    return isinstance(expr.checked_type, relay.TensorType)
-
-
 @dataclass
 class BodyView:
     graph: Graph
@@ -92,11 +88,14 @@ def build_body_view(body: relay.Expr) -> BodyView:
         deps = tuple(index[c] for c in children)  # ordered, repeats kept: value numbering needs both
         ty = expr.checked_type
         kwargs: dict[str, Any] = {"shape": dims_of(ty), "dtype": str(ty.dtype) if isinstance(ty, relay.TensorType) else None}
-        if isinstance(expr, relay.Call) and isinstance(expr.op, tvm.ir.Op):
-            positions = tuple(i for i, a in enumerate(expr.args) if _is_tensor(a))
+        op = expr.op if isinstance(expr, relay.Call) else None  # every FFI read costs (ctypes in TVM 0.16)
+        if isinstance(op, tvm.ir.Op):
+            # an argument is a tensor when its node has a dtype: no second read of its checked_type
+            positions = tuple(i for i, d in enumerate(deps) if graph[d].dtype is not None)
+            name = op.name
             node = graph.add(
-                op=expr.op.name, operands=tuple(index[expr.args[i]] for i in positions), deps=deps,
-                value_key=(expr.op.name, struct_key(expr.attrs)), **kwargs,
+                op=name, operands=tuple(deps[i] for i in positions), deps=deps,
+                value_key=(name, struct_key(expr.attrs)), **kwargs,
             )
             view.arg_positions[node.index] = positions
             _classify(node, expr, graph)
