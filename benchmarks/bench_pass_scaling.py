@@ -85,11 +85,10 @@ def measure(ir: str, shape: str, n: int, model: str | None) -> None:
     from tvm_combiners.models import prepare_onnx
 
     backend = _backend(ir)
-    if model:  # as the main job imports it (Relay: module and params)
-        mod = backend.import_model(prepare_onnx(model, 1, 32))
-    else:
-        mod = relax_module(shape, n) if ir == "relax" else (relay_module(shape, n), {})
-    small = relax_module("layers", 2) if ir == "relax" else (relay_module("layers", 2), {})
+    synthetic = lambda shape, n: relax_module(shape, n) if ir == "relax" else (relay_module(shape, n), {})  # noqa: E731
+    # the ONNX model as the main job imports it (Relay: module and params)
+    mod = backend.import_model(prepare_onnx(model, 1, 32)) if model else synthetic(shape, n)
+    small = synthetic("layers", 2)
     ops = lambda m: sum(backend.count_ops(m).values())  # noqa: E731
     row = {"ir": ir, "shape": shape, "n": n, "before": ops(mod)}
     for name, run in (("ours", lambda m: backend.combine(m, None)), ("tvm", lambda m: builtin_combine(ir, m))):
@@ -163,6 +162,7 @@ def main() -> None:
         print(f"{r['ir']:6} {r['shape']:9} {r['n']:>6} {r['before']:>10} {r['after_ours']:>6} "
               f"{'-' if r['after_tvm'] is None else r['after_tvm']:>6} {r['ours_s']:>10.2f} {tvm_s:>10} {ratio:>9} "
               f"{r['n'] / base['n']:>6.1f} {r['ours_s'] / base['ours_s']:>6.2f}")
+
 
 if __name__ == "__main__":
     main()
