@@ -260,9 +260,10 @@ class _Planner:
         count = self._branch_count(remaining[0])
         members = 1 << remaining[0]
         inputs = self._closure(self._shared(remaining[0])) | self._closure(self._own(remaining[0]))
+        symbolic = self._symbolic(remaining[0])  # counted as we go: re-counting per candidate is n^2
         for candidate in remaining[1:]:
-            if not self._one_symbolic_width(chosen + [candidate]):
-                continue
+            if symbolic + self._symbolic(candidate) > 1:
+                continue  # at most one branch of a group may have a symbolic width (TVM's rule too)
             closure = self._closure(self._own(candidate))
             grown = count + self._branch_count(candidate)
             if opts.max_branches is not None and grown > opts.max_branches:
@@ -281,11 +282,15 @@ class _Planner:
                         continue
             chosen.append(candidate)
             count, members, inputs = grown, members | 1 << candidate, inputs | closure
+            symbolic += self._symbolic(candidate)
         return self._symbolic_last(chosen)
+
+    def _symbolic(self, root: int) -> int:
+        return 0 if isinstance(self._width(root), int) else 1
 
     def _one_symbolic_width(self, roots: list[int]) -> bool:
         """At most one branch of a group may have a symbolic width (TVM's rule too)."""
-        return sum(not isinstance(self._width(r), int) for r in roots) <= 1
+        return sum(self._symbolic(r) for r in roots) <= 1
 
     def _symbolic_last(self, roots: list[int]) -> list[int]:
         """The symbolic-width branch goes last, so every split offset is a sum of static widths."""

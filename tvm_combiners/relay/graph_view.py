@@ -56,10 +56,15 @@ class BodyView:
     exprs: list[Any] = field(default_factory=list)  # node -> original expression
     leaves: set[int] = field(default_factory=set)
     arg_positions: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    index: dict[Any, int] = field(default_factory=dict)  # expression -> node
+    # expression handle -> node: hashing a TVM 0.16 object is an FFI call, its handle is not, and
+    # ``exprs`` keeps every object (and so its handle) alive
+    index: dict[int, int] = field(default_factory=dict)
 
     def expr_of(self, node: int) -> Any:
         return self.exprs[node]
+
+    def node_of(self, expr: Any) -> int:
+        return self.index[expr.handle.value]
 
 
 def build_body_view(body: relay.Expr) -> BodyView:
@@ -68,6 +73,11 @@ def build_body_view(body: relay.Expr) -> BodyView:
     view = BodyView(graph)
     index = view.index
     order: list[Any] = []
+    # Type inference shares one type object between an op and its elementwise users, and ops are
+    # interned: reading each once by handle saves most of the FFI calls (ctypes in TVM 0.16).
+    # The cached objects stay referenced, so no handle is reused while the view is built.
+    types: dict[int, tuple[Any, tuple[Dim, ...] | None, str | None]] = {}
+    op_names: dict[int, tuple[Any, str]] = {}
 
     def collect(expr: Any) -> None:
         if isinstance(expr, (relay.Let, relay.If, relay.Function, relay.RefCreate, relay.RefRead, relay.RefWrite, relay.Match)):
@@ -85,20 +95,27 @@ def build_body_view(body: relay.Expr) -> BodyView:
             children = [expr.tuple_value]
         else:
             children = []
-        deps = tuple(index[c] for c in children)  # ordered, repeats kept: value numbering needs both
+        deps = tuple(index[c.handle.value] for c in children)  # ordered, repeats kept: value numbering needs both
         ty = expr.checked_type
-        kwargs: dict[str, Any] = {"shape": dims_of(ty), "dtype": str(ty.dtype) if isinstance(ty, relay.TensorType) else None}
-        op = expr.op if isinstance(expr, relay.Call) else None  # every FFI read costs (ctypes in TVM 0.16)
+        known = types.get(ty.handle.value)
+        if known is None:
+            known = types[ty.handle.value] = (ty, dims_of(ty), str(ty.dtype) if isinstance(ty, relay.TensorType) else None)
+        kwargs: dict[str, Any] = {"shape": known[1], "dtype": known[2]}
+        op = expr.op if isinstance(expr, relay.Call) else None
         if isinstance(op, tvm.ir.Op):
             # an argument is a tensor when its node has a dtype: no second read of its checked_type
             positions = tuple(i for i, d in enumerate(deps) if graph[d].dtype is not None)
-            name = op.name
+            named = op_names.get(op.handle.value)
+            if named is None:
+                named = op_names[op.handle.value] = (op, op.name)
+            name = named[1]
+            attrs = expr.attrs
+            attrs_key = struct_key(attrs)
             node = graph.add(
-                op=name, operands=tuple(deps[i] for i in positions), deps=deps,
-                value_key=(name, struct_key(expr.attrs)), **kwargs,
+                op=name, operands=tuple(deps[i] for i in positions), deps=deps, value_key=(name, attrs_key), **kwargs,
             )
             view.arg_positions[node.index] = positions
-            _classify(node, expr, graph)
+            _classify(node, attrs, attrs_key, graph)
         elif isinstance(expr, (relay.Call, relay.Tuple, relay.TupleGetItem)):
             key = ("tuple",) if isinstance(expr, relay.Tuple) else ("get", expr.index) if isinstance(expr, relay.TupleGetItem) else None
             node = graph.add(op=type(expr).__name__, operands=(), deps=deps, value_key=key, **kwargs)
@@ -107,15 +124,14 @@ def build_body_view(body: relay.Expr) -> BodyView:
             node = graph.add(op=type(expr).__name__, operands=(), deps=(), value_key=key, **kwargs)
             view.leaves.add(node.index)
         node.handle = expr
-        index[expr] = node.index
+        index[expr.handle.value] = node.index
         view.exprs.append(expr)
-    graph[index[body]].escapes = True
+    graph[view.node_of(body)].escapes = True
     return view
 
 
-def _classify(node: Any, call: relay.Call, graph: Graph) -> None:
+def _classify(node: Any, attrs: Any, attrs_key: StructKey, graph: Graph) -> None:
     name = node.op
-    attrs = call.attrs
     if name == "split":
         sections = attrs.indices_or_sections
         node.split_sections = int(sections) if isinstance(sections, (int, tvm.tir.IntImm)) else len(sections) + 1
@@ -125,7 +141,7 @@ def _classify(node: Any, call: relay.Call, graph: Graph) -> None:
         rank = len(node.shape) if node.shape else 0
         node.follower = FollowerInfo((name,), operand_axes=((1, (int(attrs.axis) % max(rank, 1),)),))
     elif name in FOLLOWERS:
-        node.follower = FollowerInfo((name, struct_key(attrs)), commutative=name in COMMUTATIVE)
+        node.follower = FollowerInfo((name, attrs_key), commutative=name in COMMUTATIVE)
     elif len(node.operands) == 2 and name in ("nn.dense", "nn.matmul", "nn.batch_matmul"):
         node.root = _matmul_root(name, attrs, graph, node)
     elif len(node.operands) == 2 and name == "nn.conv2d":

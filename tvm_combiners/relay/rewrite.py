@@ -108,8 +108,8 @@ def rewrite_body(view: BodyView, plans: list[CombinePlan], body: relay.Expr) -> 
             new[unit] = relay.TupleGetItem(_mapped(expr.tuple_value, view, new), expr.index)
         else:
             raise TypeError(f"tvm_combiners: unexpected Relay node {type(expr).__name__}")
-    return new[view.index[body]]
+    return new[view.node_of(body)]
 
 
 def _mapped(expr: Any, view: BodyView, new: dict[int, Any]) -> Any:
-    return new[view.index[expr]]
+    return new[view.node_of(expr)]
