@@ -8,7 +8,8 @@ needs a CUDA GPU here; onnxruntime always runs on the CPU (the CPU package is wh
 
 Each model goes through the main job (``run_job(..., tune=N)``), so every figure of a row comes from
 one run: the baseline and the combined module tuned with N trials per task (tasks they share are
-tuned once, in one database), then timed, and onnxruntime timed on the same inputs with the same
+tuned once, in one database), then timed in alternating rounds (combined/baseline is the median of
+the rounds' ratios, their range in brackets), and onnxruntime timed on the same inputs with the same
 thread count. Records persist under ``--tune-dir``: a second run only measures. The BERT-base-sized
 model (12 layers, hidden 768, vocabulary 2000) is a randomly initialised transformers BertModel
 exported with torch.onnx.export.
@@ -37,6 +38,11 @@ def _model_path(key: str, tmp: Path) -> str | None:
     print("# exporting a BERT-base-sized model (12 layers, hidden 768)", file=sys.stderr, flush=True)
     export_bert(path, layers=12, hidden=768, heads=12, vocab=2000, seq=128, dynamic=False)
     return str(path)
+
+
+def _ratio(median: float, rounds: list[float]) -> str:
+    """The median of the alternating rounds' ratios, with their range (the run-to-run noise)."""
+    return f"{median:.3f}x ({min(rounds):.2f}-{max(rounds):.2f})" if len(rounds) > 1 else f"{median:.3f}x"
 
 
 def main() -> None:
@@ -75,7 +81,7 @@ def main() -> None:
             rows.append([f"{name} b{batch} s{seq}", str(args.trials or "untuned"), tasks,
                          f"{time.perf_counter() - start:.0f}",
                          f"{base.latency_s * 1e3:.2f}", f"{comb.latency_s * 1e3:.2f}", f"{ort * 1e3:.2f}",
-                         f"{base.latency_s / comb.latency_s:.3f}x", f"{base.latency_s / ort:.2f}x",
+                         _ratio(report.speedup(), report.round_speedups), f"{base.latency_s / ort:.2f}x",
                          f"{comb.latency_s / ort:.2f}x"])
     how = (f"tuned with MetaSchedule ({args.trials} trials per task, same budget for both modules)" if args.trials
            else "default pipeline, untuned" + (" (dlight)" if args.target == "cuda" else ""))

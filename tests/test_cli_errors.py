@@ -299,7 +299,10 @@ def test_json_report(capsys, tmp_path):
     assert doc["groups"] == ["2 x matmul -> add: input (3, 8), weights (8, 16), (8, 4), widths [16, 4]"]
     for v in (baseline, combined):
         assert 0 <= v["max_abs_diff"] <= 1e-5 and v["latency_s"] > 0 and v["compile_s"] > 0
-    assert doc["speedup"] == pytest.approx(baseline["latency_s"] / combined["latency_s"])
+    # timed in alternating rounds (2 runs: 2 rounds of 1): the speedup is the median of their ratios
+    assert len(doc["speedup_rounds"]) == 2 and all(r > 0 for r in doc["speedup_rounds"])
+    assert doc["speedup"] == pytest.approx(float(np.median(doc["speedup_rounds"])))
+    assert "[tvm-combiners] timing baseline and combined: 2 alternating rounds of 1 run each" in err
     # onnxruntime timed beside TVM, with TVM's thread count
     assert doc["onnxruntime"]["latency_s"] > 0 and doc["onnxruntime"]["threads"] == cpu_threads()
 
@@ -314,6 +317,8 @@ def test_text_report_puts_onnxruntime_beside_tvm(capsys, tmp_path, monkeypatch):
     assert "onnxruntime (cpu, 1 threads)" in rows
     assert float(rows["onnxruntime (cpu, 1 threads)"].split()[-2]) >= 0
     assert re.search(r"^latency over onnxruntime's: baseline \d+\.\d\dx, combined \d+\.\d\dx$", out, re.M)
+    assert re.search(r"^speedup of combined over baseline: \d+\.\d\dx "
+                     r"\(median of 2 alternating rounds, \d+\.\d\dx-\d+\.\d\dx\)$", out, re.M)
 
 
 def test_json_error_document(capsys, tmp_path):
@@ -335,7 +340,7 @@ def test_closed_stdout_is_not_a_traceback(tmp_path):
     proc.stdout.close()
     err = proc.stderr.read()
     assert proc.wait(timeout=120) == 141
-    assert "Traceback" not in err and "[tvm-combiners] running combined (1 timed runs)" in err
+    assert "Traceback" not in err and "[tvm-combiners] timing baseline and combined: 1 alternating round of 1 run each" in err
 
 
 def test_a_changed_result_is_never_reported_as_success(capsys, tmp_path, monkeypatch):

@@ -73,6 +73,7 @@ class JobReport:
     note: str = ""
     ort_latency_s: float | None = None  # onnxruntime on the CPU, same inputs, TVM's thread count
     ort_threads: int | None = None
+    round_speedups: list[float] = field(default_factory=list)  # baseline/combined, one per alternating round
 
     def table(self) -> str:
         ops = sorted({k for v in self.variants for k, n in v.ops.items() if n} or {"matmul"})
@@ -92,7 +93,10 @@ class JobReport:
         lines.insert(1, "  ".join("-" * w for w in widths))
         ratio = self.speedup()
         if ratio is not None:
-            lines.append(f"speedup of combined over baseline: {ratio:.2f}x")
+            rounds = sorted(self.round_speedups)
+            spread = (f" (median of {len(rounds)} alternating rounds, {rounds[0]:.2f}x-{rounds[-1]:.2f}x)"
+                      if len(rounds) > 1 else "")
+            lines.append(f"speedup of combined over baseline: {ratio:.2f}x{spread}")
         tuned = [v for v in self.variants if v.tuning]
         if tuned:
             lines.append(f"tuned with MetaSchedule, {tuned[0].tuning['trials_per_task']} trials per task: " + ", ".join(
@@ -105,7 +109,13 @@ class JobReport:
         return "\n".join(lines)
 
     def speedup(self) -> float | None:
-        """Baseline latency over combined latency, when both ran."""
+        """Baseline latency over combined latency, when both ran: the median of the rounds' ratios.
+
+        Each round times both modules back to back, so a slow spell of a busy machine slows both
+        and cancels in the ratio, where a ratio of two separate medians would keep it.
+        """
+        if self.round_speedups:
+            return float(np.median(self.round_speedups))
         if len(self.variants) == 2 and all(v.latency_s for v in self.variants):
             return self.variants[0].latency_s / self.variants[1].latency_s
         return None
@@ -114,6 +124,7 @@ class JobReport:
         """The report as plain JSON values (``--json``): seconds, not milliseconds."""
         return {"ok": True, "model": self.model, "ir": self.ir, "target": self.target, "batch": self.batch,
                 "seq": self.seq, "variants": [asdict(v) for v in self.variants], "speedup": self.speedup(),
+                "speedup_rounds": list(self.round_speedups),
                 "groups": list(self.groups), "executed": self.executed, "note": self.note,
                 "onnxruntime": {"latency_s": self.ort_latency_s, "threads": self.ort_threads}}
 
@@ -283,6 +294,7 @@ def run_job(model_path: str | None = None, target: str = "llvm", ir: str | None 
         report.executed = False
         report.note = "no CUDA GPU here: compiled with nvcc, not executed"
     outputs: dict[str, list[np.ndarray]] = {}
+    runnable: list[tuple[Variant, Any]] = []
     for label, mod in modules:
         # The baseline is TVM on the user's model: its failure is a model TVM cannot handle here
         # (exit 2). The combined module failing where the baseline worked is our bug (exit 1).
@@ -300,18 +312,45 @@ def run_job(model_path: str | None = None, target: str = "llvm", ir: str | None 
             variant.tuning = None if tuned is None else asdict(tuned[1])
         if executable:
             with _stage(path, "run", f"running the {label} module failed", bad_input=is_baseline):
-                progress(f"running {label} ({repeat} timed runs)")
+                progress(f"running {label}")
                 outputs[label] = backend.run(built, inputs, target)
                 variant.max_abs_diff = max_abs_diff(outputs[label], reference)
-                variant.latency_s = backend.time(built, inputs, target, repeat)
+            runnable.append((variant, built))
         report.variants.append(variant)
     if "combined" in outputs:
         _check_combined(path, outputs["combined"], outputs["baseline"])
+    if runnable:
+        with _stage(path, "run", "timing the modules failed", bad_input=False):
+            _time_alternating(backend, runnable, inputs, target, repeat, report, progress)
     with _stage(path, "reference", "onnxruntime fails to time the model", bad_input=False):
         report.ort_threads = cpu_threads()
         progress(f"timing onnxruntime ({repeat} runs, {report.ort_threads} threads)")
         report.ort_latency_s = time_onnxruntime(model, inputs, repeat, report.ort_threads)
     return report
+
+
+#: Timing alternates between the modules in this many rounds (fewer when ``repeat`` is smaller).
+ROUNDS = 5
+
+
+def _time_alternating(backend: Backend, runnable: list[tuple[Variant, Any]], inputs: dict[str, np.ndarray],
+                      target: str, repeat: int, report: JobReport, progress: Any) -> None:
+    """``repeat`` timed runs per module, in rounds that time every module back to back.
+
+    A latency is the median of its rounds' medians; the speedup, the median of the rounds' ratios.
+    """
+    rounds = max(1, min(ROUNDS, repeat))
+    runs = -(-repeat // rounds)  # at least ``repeat`` runs in all
+    labels = " and ".join(v.label for v, _ in runnable)
+    progress(f"timing {labels}: {rounds} alternating round{'s' * (rounds > 1)} of {runs} run{'s' * (runs > 1)} each")
+    samples: list[list[float]] = [[] for _ in runnable]
+    for _ in range(rounds):
+        for times, (_variant, built) in zip(samples, runnable):
+            times.append(backend.time(built, inputs, target, runs))
+    for (variant, _), times in zip(runnable, samples):
+        variant.latency_s = float(np.median(times))
+    if len(runnable) == 2:
+        report.round_speedups = [b / c for b, c in zip(*samples)]
 
 
 def _check_combined(path: str, combined: list[np.ndarray], baseline: list[np.ndarray], rtol: float = 1e-4) -> None:
