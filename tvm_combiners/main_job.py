@@ -330,7 +330,7 @@ def run_job(model_path: str | None = None, target: str = "llvm", ir: str | None 
 
 
 #: Timing alternates between the modules in this many rounds (fewer when ``repeat`` is smaller).
-ROUNDS = 5
+ROUNDS = 10
 
 
 def _time_alternating(backend: Backend, runnable: list[tuple[Variant, Any]], inputs: dict[str, np.ndarray],
