@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tvm_combiners.text_table import table
+
 SIZES = (4, 4 << 10, 1 << 20, 16 << 20)
 OPS = ("allreduce", "allgather", "reduce_scatter", "send/recv")
 
@@ -164,9 +166,7 @@ def render(rows: list[dict]) -> str:
     body = [[r["op"], _size(r["bytes"]), us(r["mpi4py"]), us(r["packed"]), us(r["compiled"]), us(r["ccl"]),
              ratio(r["packed"], r["mpi4py"]), ratio(r["compiled"], r["mpi4py"]), ratio(r["ccl"], r["mpi4py"])]
             for r in rows]
-    widths = [max(len(c[i]) for c in [head, *body]) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [head, ["-" * w for w in widths], *body]]
-    return "2 ranks, float32, microseconds per call (best batch)\n" + "\n".join(lines)
+    return "2 ranks, float32, microseconds per call (best batch)\n" + table(body, head)
 
 
 def main() -> int:

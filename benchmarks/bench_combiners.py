@@ -20,6 +20,7 @@ import onnx
 
 from tvm_combiners.models.hf_export import export_bert
 from tvm_combiners.models.inception import inception_model
+from tvm_combiners.text_table import table as text_table
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHONS = {"relax": ROOT / ".venv" / "bin" / "python", "relay": ROOT / ".venv-relay" / "bin" / "python"}
@@ -45,7 +46,7 @@ def fmt(value, scale=1.0, digits=2):
 def table(rows: list[tuple[str, dict]]) -> str:
     head = ["model", "ir", "ops before", "TVM's pass", "ours", "TVM pass ms", "our pass ms", "compile s before/after",
             "latency ms before", "after", "speedup", "max|diff| after"]
-    lines = [head]
+    lines = []
     for name, r in rows:
         lb, la = r.get("latency_before_s"), r.get("latency_after_s")
         lines.append([
@@ -55,10 +56,7 @@ def table(rows: list[tuple[str, dict]]) -> str:
             fmt(lb, 1e3, 1), fmt(la, 1e3, 1), "-" if not lb or not la else f"{lb / la:.2f}x",
             "-" if r.get("diff_after") is None else f"{r['diff_after']:.1e}",
         ])
-    widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
-    out = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in lines]
-    out.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(out)
+    return text_table(lines, head)
 
 
 def main() -> None:

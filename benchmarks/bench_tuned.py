@@ -23,8 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from tvm_combiners.examples.report import table
 from tvm_combiners.main_job import run_job
+from tvm_combiners.text_table import table
 
 MODELS = {"minilm": ("MiniLM-L3", 128), "bert-base": ("BERT-base", 128)}
 

@@ -23,6 +23,7 @@ from .models import (
     time_onnxruntime,
 )
 from .models.loader import cpu_threads, first_line
+from .text_table import table
 
 COUNTED_OPS = ("matmul", "dense", "batch_matmul", "conv2d")
 #: The IRs a job can use, in order of preference.
@@ -78,7 +79,7 @@ class JobReport:
     def table(self) -> str:
         ops = sorted({k for v in self.variants for k, n in v.ops.items() if n} or {"matmul"})
         head = ["module"] + [f"#{k}" for k in ops] + ["compile s", "latency ms", "max |diff| vs ORT"]
-        rows = [head]
+        rows = []
         for v in self.variants:
             rows.append(
                 [v.label] + [str(v.ops.get(k, 0)) for k in ops] + [f"{v.compile_s:.2f}"]
@@ -88,9 +89,7 @@ class JobReport:
         if self.ort_latency_s is not None:
             rows.append([f"onnxruntime (cpu, {self.ort_threads} threads)"] + ["-"] * len(ops) + ["-"]
                         + [f"{self.ort_latency_s * 1e3:.2f}", "0"])
-        widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
-        lines.insert(1, "  ".join("-" * w for w in widths))
+        lines = table(rows, head).splitlines()
         ratio = self.speedup()
         if ratio is not None:
             rounds = sorted(self.round_speedups)

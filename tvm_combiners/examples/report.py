@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from ..text_table import table  # noqa: F401 - the examples print their tables with it
+
 
 def comm() -> Any:
     from ..collectives.runtime.comm import mpi
@@ -124,14 +126,6 @@ def finish(report: dict[str, Any], render: Callable[[dict[str, Any]], str], as_j
             print(f"[{report.get('example', 'example')}] FAILED: " + "; ".join(report.get("failures", [])),
                   file=sys.stderr, flush=True)
     return 0 if ok else 1
-
-
-def table(rows: list[list[Any]], header: list[str]) -> str:
-    cells = [[str(h) for h in header]] + [[str(v) for v in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def add_output_options(parser: Any) -> None:
