@@ -67,3 +67,19 @@ def test_llvm_target_names_the_host_cpu_and_triple(monkeypatch):
     assert str(target.attrs["mtriple"]) == "x86_64-linux-gnu"
     monkeypatch.setenv("TVM_COMBINERS_MCPU", "generic")
     assert str(make_target("llvm").attrs["mcpu"]) == "generic"
+
+
+def test_unknown_dims_stay_apart_when_vars_share_one_type_object():
+    """The graph view reads each shared type object once; a ``?`` must still be a dim of its own.
+
+    ``x`` and ``y`` are annotated with one ``TensorType`` object: their batches need not be equal
+    at run time, so their shapes must not compare equal (a cached shape would make them equal).
+    """
+    from tvm_combiners.relay.graph_view import build_body_view
+
+    ty = relay.TensorType((relay.Any(), 8), "float32")
+    x, y = relay.var("x", ty), relay.var("y", ty)
+    mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x, y], relay.Tuple([x, y]))))
+    view = build_body_view(mod["main"].body)
+    sx, sy = (view.graph[view.node_of(mod["main"].params[i])].shape for i in (0, 1))
+    assert sx[1] == sy[1] == 8 and sx[0] != sy[0]

@@ -50,6 +50,10 @@ def dims_of(ty: Any) -> tuple[Dim, ...] | None:
     return tuple(dims)
 
 
+def _is_unknown(dim: Dim) -> bool:
+    return isinstance(dim, SymDim) and dim.name.startswith("?")
+
+
 @dataclass
 class BodyView:
     graph: Graph
@@ -99,7 +103,9 @@ def build_body_view(body: relay.Expr) -> BodyView:
         ty = expr.checked_type
         known = types.get(ty.handle.value)
         if known is None:
-            known = types[ty.handle.value] = (ty, dims_of(ty), str(ty.dtype) if isinstance(ty, relay.TensorType) else None)
+            known = (ty, dims_of(ty), str(ty.dtype) if isinstance(ty, relay.TensorType) else None)
+            if not any(_is_unknown(d) for d in known[1] or ()):
+                types[ty.handle.value] = known  # a ? stays a dim of its own for every node (see dims_of)
         kwargs: dict[str, Any] = {"shape": known[1], "dtype": known[2]}
         op = expr.op if isinstance(expr, relay.Call) else None
         if isinstance(op, tvm.ir.Op):
