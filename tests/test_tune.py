@@ -69,3 +69,24 @@ def test_tune_dirs_are_per_target(tmp_path, monkeypatch):
 def test_tune_dir_defaults_to_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("TVM_COMBINERS_TUNE_DIR", str(tmp_path))
     assert Path(tuning.tune_dir(None, make_target("llvm"))).parent == tmp_path
+
+
+def test_a_task_is_tuned_again_only_when_new_or_given_more_trials():
+    class Database:  # what _needs_tuning asks of MetaSchedule's database
+        def __init__(self, known: bool) -> None:
+            self.known = known
+
+        def has_workload(self, mod: object) -> bool:
+            return self.known
+
+    class Task:
+        dispatched = [object()]
+
+    assert tuning._needs_tuning(Database(False), Task(), 0, 8)  # never seen
+    assert tuning._needs_tuning(Database(True), Task(), 4, 8)  # seen with fewer trials
+    # tuned with this budget before, even if no candidate could be measured (a gather over random
+    # indices crashes every one): tuning it again would fail again
+    assert not tuning._needs_tuning(Database(True), Task(), 8, 8)
+    assert not tuning._needs_tuning(Database(True), Task(), 16, 8)
+    # records without a ledger entry (a database from before the ledger, or another tool's)
+    assert tuning._needs_tuning(Database(True), Task(), 0, 8)
