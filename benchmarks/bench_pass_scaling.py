@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tvm_combiners.text_table import table
+
 ROOT = Path(__file__).resolve().parents[1]
 PYTHONS = {"relax": ROOT / ".venv" / "bin" / "python", "relay": ROOT / ".venv-relay" / "bin" / "python"}
 FOLLOWERS = 20
@@ -152,16 +154,17 @@ def main() -> None:
                 row = run_case(ir, shape, n, model, args.timeout)
                 if row:
                     rows.append(row)
-    print(f"{'ir':6} {'shape':9} {'N':>6} {'ops before':>10} {'ours':>6} {'TVM':>6} {'our cpu s':>10} "
-          f"{'TVM cpu s':>10} {'TVM/ours':>9} {'x work':>6} {'x time':>6}")
+    head = ["ir", "shape", "N", "ops before", "ours", "TVM", "our cpu s", "TVM cpu s", "TVM/ours", "x work", "x time"]
     late = f"> {args.timeout:.0f}"
+    body = []
     for r in rows:
         base = next(b for b in rows if b["ir"] == r["ir"] and b["shape"] == r["shape"])
         tvm_s = late if r["tvm_s"] is None else f"{r['tvm_s']:.2f}"
         ratio = ">" if r["tvm_s"] is None else f"{r['tvm_s'] / max(r['ours_s'], 1e-9):.2f}"
-        print(f"{r['ir']:6} {r['shape']:9} {r['n']:>6} {r['before']:>10} {r['after_ours']:>6} "
-              f"{'-' if r['after_tvm'] is None else r['after_tvm']:>6} {r['ours_s']:>10.2f} {tvm_s:>10} {ratio:>9} "
-              f"{r['n'] / base['n']:>6.1f} {r['ours_s'] / base['ours_s']:>6.2f}")
+        body.append([r["ir"], r["shape"], r["n"], r["before"], r["after_ours"],
+                     "-" if r["after_tvm"] is None else r["after_tvm"], f"{r['ours_s']:.2f}", tvm_s, ratio,
+                     f"{r['n'] / base['n']:.1f}", f"{r['ours_s'] / base['ours_s']:.2f}"])
+    print(table(body, head))
 
 
 if __name__ == "__main__":

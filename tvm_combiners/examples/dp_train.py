@@ -473,7 +473,7 @@ def render(report: dict[str, Any]) -> str:
                                        + (f", compiled {', '.join(p['compiled'])}" if p["compiled"] else "")
                                        for p in report["placement"]),
              f"combiner: {report['combiner']}", ""]
-    from .report import table
+    from ..text_table import table
 
     rows = []
     for name, v in report["variants"].items():

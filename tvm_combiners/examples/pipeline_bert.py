@@ -383,7 +383,7 @@ def _layers_of(func: Any, st: Stage) -> list[int]:
 
 
 def render(report: dict[str, Any]) -> str:
-    from .report import table
+    from ..text_table import table
 
     cfg = report["config"]
     lines = [f"pipeline-bert: {report['model']} on {report['ranks']} ranks, {cfg['micro_batches']} micro-batches "

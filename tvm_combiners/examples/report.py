@@ -20,8 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from ..text_table import table  # noqa: F401 - the examples print their tables with it
-
 
 def comm() -> Any:
     from ..collectives.runtime.comm import mpi
