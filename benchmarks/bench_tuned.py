@@ -53,6 +53,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=10, help="timed runs per module (median)")
     parser.add_argument("--target", choices=["llvm", "cuda"], default="llvm")
     parser.add_argument("--batches", default="1", help="comma-separated batch sizes (default 1)")
+    parser.add_argument("--stack", action="store_true",
+                        help="combine equal-width matmuls into one batched matmul (to_batch), not one wide GEMM")
     args = parser.parse_args()
     if args.trials < 0:
         parser.error(f"--trials must be 0 (untuned) or positive, got {args.trials}")
@@ -74,7 +76,7 @@ def main() -> None:
             name, seq = MODELS[key]
             start = time.perf_counter()
             report = run_job(_model_path(key, Path(tmp)), args.target, "relax", batch, seq, True, args.repeat,
-                             tune=args.trials or None, tune_dir=args.tune_dir)
+                             tune=args.trials or None, tune_dir=args.tune_dir, stack=args.stack)
             base, comb = report.variants
             ort = report.ort_latency_s
             tasks = "/".join(f"{v.tuning['tasks']} ({v.tuning['tuned']})" for v in (base, comb)) if args.trials else "-"
@@ -85,6 +87,7 @@ def main() -> None:
                          f"{comb.latency_s / ort:.2f}x"])
     how = (f"tuned with MetaSchedule ({args.trials} trials per task, same budget for both modules)" if args.trials
            else "default pipeline, untuned" + (" (dlight)" if args.target == "cuda" else ""))
+    how += "; branches stacked into batched matmuls" if args.stack else ""
     print(f"{args.target}, {how}; onnxruntime on the CPU with TVM's thread count; "
           f"combined/baseline > 1 means combined is faster")
     print(table(rows, head))

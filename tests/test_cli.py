@@ -46,6 +46,16 @@ def test_no_combine(capsys):
 
 
 @pytest.mark.slow
+def test_stack_runs_the_combiners_with_to_batch(capsys):
+    assert main(["run", "--stack", "--repeat", "1", "--seq", "32", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    baseline, combined = report["variants"]
+    assert (baseline["ops"]["matmul"], combined["ops"]["matmul"]) == (24, 18)
+    assert len(report["groups"]) == 3 and all("stacked [384, 384, 384]" in g for g in report["groups"])
+    assert baseline["max_abs_diff"] <= 1e-4 and combined["max_abs_diff"] <= 1e-4
+
+
+@pytest.mark.slow
 def test_cuda_target_compiles_and_says_when_it_cannot_run(capsys):
     from tvm_combiners.relax.runner import has_gpu
 

@@ -47,6 +47,9 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--seq", type=int, default=128)
     run.add_argument("--repeat", type=int, default=5, help="timed runs per module (median reported)")
     run.add_argument("--no-combine", action="store_true", help="skip the combiner passes")
+    run.add_argument("--stack", action="store_true",
+                     help="stack matmul branches of equal width into one batched matmul instead of concatenating "
+                          "their weights (the passes' to_batch)")
     run.add_argument("--tune", type=int, default=None, metavar="TRIALS",
                      help="tune every module with MetaSchedule, TRIALS per task (Relax); records are kept and reused")
     run.add_argument("--tune-dir", default=None, metavar="DIR",
@@ -87,7 +90,7 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         report = run_job(args.model, args.target, args.ir, args.batch, args.seq, not args.no_combine, args.repeat,
-                         tune=args.tune, tune_dir=args.tune_dir)
+                         tune=args.tune, tune_dir=args.tune_dir, stack=args.stack)
     except JobError as err:
         line = str(err)
         if not err.bad_input:

@@ -36,7 +36,7 @@ class Backend(Protocol):
     name: str
 
     def import_model(self, model: Any) -> Any: ...
-    def combine(self, mod: Any, on_combine: Any) -> Any: ...
+    def combine(self, mod: Any, on_combine: Any, to_batch: bool) -> Any: ...
     def count_ops(self, mod: Any) -> dict[str, int]: ...
     def target_problem(self, target: str) -> str | None:
         """Why this build cannot compile for ``target`` (None when it can): checked before any work."""
@@ -246,11 +246,13 @@ def _backend(ir: str) -> Backend:
 
 def run_job(model_path: str | None = None, target: str = "llvm", ir: str | None = None, batch: int = 1, seq: int = 128,
             combine: bool = True, repeat: int = 5, log: TextIO | None = None, tune: int | None = None,
-            tune_dir: str | None = None) -> JobReport:
+            tune_dir: str | None = None, stack: bool = False) -> JobReport:
     """Run the whole job; ``ir=None`` picks the environment's IR. Failures raise :class:`JobError`.
 
     ``tune=TRIALS`` tunes every module with MetaSchedule (the same budget per task for each) before
     compiling; tasks already in the database under ``tune_dir`` are reused, not tuned again.
+    ``stack`` runs the combiners with ``to_batch``: equal-width matmul branches become one batched
+    matmul, so each branch keeps its own weight layout (and its tuned kernel shape).
     """
     def progress(msg: str) -> None:
         print(f"[tvm-combiners] {msg}", file=log or sys.stderr, flush=True)
@@ -286,7 +288,7 @@ def run_job(model_path: str | None = None, target: str = "llvm", ir: str | None 
     if combine:
         with _stage(path, "combine", "internal error in the combiner passes", bad_input=False):
             progress("combining parallel ops")
-            combined = backend.combine(baseline, lambda cand: report.groups.append(cand.describe()))
+            combined = backend.combine(baseline, lambda cand: report.groups.append(cand.describe()), stack)
         modules.append(("combined", combined))
     executable = target == "llvm" or backend.has_gpu()
     if not executable:

@@ -346,16 +346,39 @@ def test_disabled_pass_is_skipped():
 
 
 def test_to_batch_stacks_equal_branches():
-    mod = qkv(widths=(8, 8, 8), activation=R.nn.relu, const_weights=True)
     mod2 = make_module({"x": ((5, 8), F32)}, lambda bb, x: [bb.emit(R.nn.relu(bb.emit(R.add(
         bb.emit(R.matmul(x, _const((8, 6), i))), _const((6,), 9 + i))))) for i in range(3)])
     new = CombineParallelMatmul(to_batch=True)(mod2)
     assert ops(new, "matmul") == 1 and ops(new, "add") == 1 and ops(new, "nn.relu") == 1
-    assert ops(new, "expand_dims") == 1  # the input gets a leading axis of extent 1, nothing is repeated
+    assert ops(new, "expand_dims") == 0 and ops(new, "broadcast_to") == 0  # the matmul broadcasts the input
     assert_same_outputs(mod2, new, random_inputs(mod2))
+
+
+def test_to_batch_stacks_branches_over_a_batched_input():
+    """[2, 5, 8] x three [8, 8] weights: one [3, 1, 8, 8] weight, a [3, 2, 5, 8] result, the input read once."""
+    mod = qkv(widths=(8, 8, 8), activation=R.nn.relu, const_weights=True)
     groups = []
-    assert ops(CombineParallelMatmul(to_batch=True, on_combine=groups.append)(mod), "matmul") == 1
-    assert [g.stacked for g in groups] == [False]  # a 3-D input cannot stack: concatenated as usual
+    new = CombineParallelMatmul(to_batch=True, on_combine=groups.append)(mod)
+    assert [g.stacked for g in groups] == [True]
+    assert ops(new, "matmul") == 1 and ops(new, "add") == 1 and ops(new, "nn.relu") == 1
+    assert ops(new, "expand_dims") == 0 and ops(new, "broadcast_to") == 0
+    assert_same_outputs(mod, new, random_inputs(mod))
+    assert ops(CombineParallelMatmul(to_batch=True)(new), "matmul") == 1  # idempotent
+
+
+def test_to_batch_with_a_symbolic_batch():
+    n, s = tvm.tirx.Var("n", "int64"), tvm.tirx.Var("s", "int64")
+
+    def body(bb, x, w0, w1, b0, b1):
+        return [bb.emit(R.add(bb.emit(R.matmul(x, w0)), b0)), bb.emit(R.add(b1, bb.emit(R.matmul(x, w1))))]
+
+    mod = make_module(
+        {"x": ((n, s, 8), F32), "w0": ((8, 6), F32), "w1": ((8, 6), F32), "b0": ((6,), F32), "b1": ((6,), F32)}, body
+    )
+    groups = []
+    new = CombineParallelMatmul(to_batch=True, on_combine=groups.append)(mod)
+    assert [g.stacked for g in groups] == [True] and ops(new, "matmul") == 1 and ops(new, "add") == 1
+    assert_same_outputs(mod, new, random_inputs(mod, sizes={"n": 3, "s": 7}))
 
 
 def _width(y):

@@ -228,6 +228,20 @@ def test_to_batch_stacks_dense_branches_without_copying_the_input():
     assert_same_outputs(mod, new, random_inputs(mod))
 
 
+def test_to_batch_with_a_3d_dense_input_concatenates():
+    # Relay's batch_matmul is 3-D: a [1, 5, 8] input cannot gain a branch axis, so it concatenates.
+    # (TVM 0.16's x86 dense compute rejects a 3-D input, so this graph cannot be run, only typed.)
+    x = relay.var("x", shape=(1, 5, 8))
+    mod = make_module([relay.nn.dense(x, const((6, 8), i)) for i in range(3)], [x])
+    groups = []
+    new = relay.transform.InferType()(CombineParallelDense(to_batch=True, on_combine=groups.append)(mod))
+    assert [g.stacked for g in groups] == [False]
+    assert ops(new, "nn.dense") == 1 and ops(new, "nn.batch_matmul") == 0
+    (dense,) = _calls(new, "nn.dense")
+    assert [int(d) for d in dense.args[1].checked_type.shape] == [18, 8]
+    assert [[int(d) for d in t.shape] for t in new["main"].ret_type.fields] == [[1, 5, 6]] * 3
+
+
 def test_to_batch_batch_matmul_and_different_widths():
     xb = relay.var("xb", shape=(1, 4, 8))
     outs = [relay.add(relay.nn.batch_matmul(xb, const((1, 6, 8), i)), const((6,), 5 + i)) for i in range(3)]

@@ -103,11 +103,15 @@ def _concatenated_root(plan: CombinePlan, graph: Graph, builder: PlanBuilder) ->
 
 
 def _stacked_root(plan: CombinePlan, graph: Graph, builder: PlanBuilder) -> Any:
+    first = graph[plan.roots[0]]
+    data_node = first.operands[first.root.data]
+    # "new": each [K, N] weight becomes [1, (1,)*batch, K, N], so the stack lines up with the
+    # input's batch axes and the input broadcasts over the branches without a copy.
+    lift = (1,) * (len(graph[data_node].shape) - 1)
     weights = []
     for r in plan.roots:
         weight_node, shape = _weight(graph, r)
         weight = builder.value(weight_node)
-        weights.append(builder.reshape(weight, (1, *shape)) if plan.stack == "new" else weight)
-    first = graph[plan.roots[0]]
-    data = builder.value(first.operands[first.root.data])
+        weights.append(builder.reshape(weight, lift + shape) if plan.stack == "new" else weight)
+    data = builder.value(data_node)
     return builder.combined_root(plan, data, builder.concat(weights, 0))

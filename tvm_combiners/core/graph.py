@@ -27,8 +27,8 @@ class RootInfo:
     ``kernel`` is set for convolutions: per spatial axis ``(kernel size, pad before, pad after,
     dilation, stride)``, so kernels of different sizes can be aligned by zero padding.
     ``stack`` says how branches of equal shape can instead be stacked into one batched op:
-    ``"new"`` (a new leading batch axis: 2-D matmuls) or ``"batch"`` (an existing batch axis of
-    extent 1 grows); None when they cannot.
+    ``"new"`` (a new leading batch axis: matmuls with 2-D weights, over the input's own batch
+    axes) or ``"batch"`` (an existing batch axis of extent 1 grows); None when they cannot.
     """
 
     family: str

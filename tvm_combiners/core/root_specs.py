@@ -32,8 +32,8 @@ def matmul_root(
         return None
     full_key = (family, key, weight_transposed, weight[k_axis], tuple(weight[:-2]), len(data))
     stack = None
-    if family != "batch_matmul" and len(data) == 2:
-        stack = "new"  # [M, K] x [K, N] branches become one [n, M, N] batched matmul
+    if family != "batch_matmul" and len(data) >= 2:
+        stack = "new"  # [..., M, K] x [K, N] branches become one [n, ..., M, N] broadcast matmul
     elif family == "batch_matmul" and len(weight) == len(data) == 3 and weight[0] == data[0] == 1:
         stack = "batch"
     return RootInfo(family, 0, 1, full_key, len(out) - 1, n_axis, weight[n_axis], stack=stack)

@@ -18,8 +18,8 @@ class RelaxBackend:
     def import_model(self, model: Any) -> Any:
         return import_relax(model)[0]
 
-    def combine(self, mod: Any, on_combine: Any) -> Any:
-        return CombineParallelOps(on_combine=on_combine)(mod)
+    def combine(self, mod: Any, on_combine: Any, to_batch: bool) -> Any:
+        return CombineParallelOps(on_combine=on_combine, to_batch=to_batch)(mod)
 
     def count_ops(self, mod: Any) -> dict[str, int]:
         counts = runner.count_ops(mod)

@@ -72,8 +72,6 @@ class RelaxPlanBuilder(FoldingBuilder):
     def combined_root(self, plan: CombinePlan, data: Any, weight: Any) -> Any:
         call = self.view.call_of(plan.roots[0])
         alignment = plan.alignment
-        if plan.stack == "new":
-            data = self._emit(relax.op.expand_dims(data, 0))  # broadcast by the batched matmul, not copied
         if alignment is None:
             return self._emit(relax.Call(call.op, [data, weight], call.attrs, call.ty_args))
         a = call.attrs

@@ -166,6 +166,8 @@ def _matmul_root(name: str, attrs: Any, graph: Graph, node: Any) -> RootInfo | N
         return None  # a ? width: Relay's static split and concat need it known
     if root is not None and root.stack and not all(isinstance(d, int) for d in node.shape):
         root = dataclasses.replace(root, stack=None)  # unstacking reshapes to the branch shape: ? has none
+    if root is not None and root.stack == "new" and len(data.shape) != 2:
+        root = dataclasses.replace(root, stack=None)  # Relay's batch_matmul is 3-D: [1, M, K] at most
     return root
 
 

@@ -18,9 +18,9 @@ class RelayBackend:
     def import_model(self, model: Any) -> Any:
         return import_relay(model)
 
-    def combine(self, mod: Any, on_combine: Any) -> Any:
+    def combine(self, mod: Any, on_combine: Any, to_batch: bool) -> Any:
         relay_mod, params = mod
-        return CombineParallelOps(on_combine=on_combine)(relay_mod), params
+        return CombineParallelOps(on_combine=on_combine, to_batch=to_batch)(relay_mod), params
 
     def count_ops(self, mod: Any) -> dict[str, int]:
         counts = runner.count_ops(mod[0])
