@@ -1,7 +1,7 @@
 """Tuned latency: baseline vs combined vs onnxruntime, MetaSchedule with the same budget per task.
 
     .venv/bin/python benchmarks/bench_tuned.py [--trials N] [--models minilm,bert-base] [--tune-dir DIR]
-        [--target llvm|cuda] [--batches 1,8]
+        [--target llvm|cuda] [--batches 1,8] [--combine-as stack|concat|both]
 
 ``--trials 0`` measures the default pipeline (dlight rules on cuda) untuned. ``--target cuda``
 needs a CUDA GPU here; onnxruntime always runs on the CPU (the CPU package is what is installed).
@@ -12,7 +12,8 @@ tuned once, in one database), then timed in alternating rounds (combined/baselin
 the rounds' ratios, their range in brackets), and onnxruntime timed on the same inputs with the same
 thread count. Records persist under ``--tune-dir``: a second run only measures. The BERT-base-sized
 model (12 layers, hidden 768, vocabulary 2000) is a randomly initialised transformers BertModel
-exported with torch.onnx.export.
+exported with torch.onnx.export. Each model gets a row per way of combining equal-width matmuls
+(``--combine-as``): stacked into one batched matmul, or concatenated into one wide GEMM.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def _model_path(key: str, tmp: Path) -> str | None:
     from tvm_combiners.models.hf_export import export_bert
 
     path = tmp / "bert_base.onnx"
+    if path.exists():  # exported for an earlier row of this run
+        return str(path)
     print("# exporting a BERT-base-sized model (12 layers, hidden 768)", file=sys.stderr, flush=True)
     export_bert(path, layers=12, hidden=768, heads=12, vocab=2000, seq=128, dynamic=False)
     return str(path)
@@ -53,8 +56,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=10, help="timed runs per module (median)")
     parser.add_argument("--target", choices=["llvm", "cuda"], default="llvm")
     parser.add_argument("--batches", default="1", help="comma-separated batch sizes (default 1)")
-    parser.add_argument("--stack", action="store_true",
-                        help="combine equal-width matmuls into one batched matmul (to_batch), not one wide GEMM")
+    parser.add_argument("--combine-as", choices=["stack", "concat", "both"], default="both",
+                        help="equal-width matmuls become one batched matmul (stack), one wide GEMM (concat), or a "
+                             "row of each (both, the default)")
     args = parser.parse_args()
     if args.trials < 0:
         parser.error(f"--trials must be 0 (untuned) or positive, got {args.trials}")
@@ -68,28 +72,29 @@ def main() -> None:
     unknown = [k for k in keys if k not in MODELS]
     if unknown:
         parser.error(f"unknown model(s) {', '.join(unknown)}: expected {', '.join(MODELS)}")
-    head = ["model", "trials/task", "tasks base/comb (new)", "job s", "baseline ms", "combined ms", "onnxruntime ms",
+    head = ["model", "combined as", "trials/task", "tasks base/comb (new)", "job s", "baseline ms", "combined ms", "onnxruntime ms",
             "combined/baseline", "baseline/ORT", "combined/ORT"]
     rows = []
+    forms = ["stack", "concat"] if args.combine_as == "both" else [args.combine_as]
     with tempfile.TemporaryDirectory() as tmp:
-        for key, batch in ((k, b) for k in keys for b in batches):
+        for key, batch, form in ((k, b, f) for k in keys for b in batches for f in forms):
             name, seq = MODELS[key]
             start = time.perf_counter()
             report = run_job(_model_path(key, Path(tmp)), args.target, "relax", batch, seq, True, args.repeat,
-                             tune=args.trials or None, tune_dir=args.tune_dir, stack=args.stack)
+                             tune=args.trials or None, tune_dir=args.tune_dir, stack=form == "stack")
             base, comb = report.variants
             ort = report.ort_latency_s
             tasks = "/".join(f"{v.tuning['tasks']} ({v.tuning['tuned']})" for v in (base, comb)) if args.trials else "-"
-            rows.append([f"{name} b{batch} s{seq}", str(args.trials or "untuned"), tasks,
+            rows.append([f"{name} b{batch} s{seq}", form, str(args.trials or "untuned"), tasks,
                          f"{time.perf_counter() - start:.0f}",
                          f"{base.latency_s * 1e3:.2f}", f"{comb.latency_s * 1e3:.2f}", f"{ort * 1e3:.2f}",
                          _ratio(report.speedup(), report.round_speedups), f"{base.latency_s / ort:.2f}x",
                          f"{comb.latency_s / ort:.2f}x"])
     how = (f"tuned with MetaSchedule ({args.trials} trials per task, same budget for both modules)" if args.trials
            else "default pipeline, untuned" + (" (dlight)" if args.target == "cuda" else ""))
-    how += "; branches stacked into batched matmuls" if args.stack else ""
     print(f"{args.target}, {how}; onnxruntime on the CPU with TVM's thread count; "
-          f"combined/baseline > 1 means combined is faster")
+          f"combined/baseline > 1 means combined is faster; stack: one batched matmul over stacked weights, "
+          f"concat: one GEMM over concatenated weights")
     print(table(rows, head))
 
 

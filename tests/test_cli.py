@@ -33,7 +33,7 @@ def test_console_script_runs_the_default_bert():
     assert baseline[1] == "24" and combined[1] == "18"
     assert float(baseline[-1]) <= 1e-4 and float(combined[-1]) <= 1e-4
     assert "combined groups: 3" in out
-    assert out.count("3 x matmul -> add: input (1, 128, 384), weights 3 x (384, 384), widths [384, 384, 384]") == 3
+    assert out.count("3 x matmul -> add: input (1, 128, 384), weights 3 x (384, 384), stacked [384, 384, 384]") == 3
     assert "[tvm-combiners] compiling combined for llvm" in proc.stderr  # progress lines
 
 
@@ -46,12 +46,12 @@ def test_no_combine(capsys):
 
 
 @pytest.mark.slow
-def test_stack_runs_the_combiners_with_to_batch(capsys):
-    assert main(["run", "--stack", "--repeat", "1", "--seq", "32", "--json"]) == 0
+def test_combine_as_concat_concatenates_equal_widths(capsys):
+    assert main(["run", "--combine-as", "concat", "--repeat", "1", "--seq", "32", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     baseline, combined = report["variants"]
     assert (baseline["ops"]["matmul"], combined["ops"]["matmul"]) == (24, 18)
-    assert len(report["groups"]) == 3 and all("stacked [384, 384, 384]" in g for g in report["groups"])
+    assert len(report["groups"]) == 3 and all("widths [384, 384, 384]" in g for g in report["groups"])
     assert baseline["max_abs_diff"] <= 1e-4 and combined["max_abs_diff"] <= 1e-4
 
 

@@ -47,9 +47,10 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--seq", type=int, default=128)
     run.add_argument("--repeat", type=int, default=5, help="timed runs per module (median reported)")
     run.add_argument("--no-combine", action="store_true", help="skip the combiner passes")
-    run.add_argument("--stack", action="store_true",
-                     help="stack matmul branches of equal width into one batched matmul instead of concatenating "
-                          "their weights (the passes' to_batch)")
+    run.add_argument("--combine-as", choices=["stack", "concat"], default="stack",
+                     help="equal-width matmul branches become one batched matmul over stacked weights (stack, the "
+                          "default: the passes' to_batch) or one GEMM over concatenated weights (concat); other "
+                          "branches always concatenate")
     run.add_argument("--tune", type=int, default=None, metavar="TRIALS",
                      help="tune every module with MetaSchedule, TRIALS per task (Relax); records are kept and reused")
     run.add_argument("--tune-dir", default=None, metavar="DIR",
@@ -90,7 +91,7 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         report = run_job(args.model, args.target, args.ir, args.batch, args.seq, not args.no_combine, args.repeat,
-                         tune=args.tune, tune_dir=args.tune_dir, stack=args.stack)
+                         tune=args.tune, tune_dir=args.tune_dir, stack=args.combine_as == "stack")
     except JobError as err:
         line = str(err)
         if not err.bad_input:

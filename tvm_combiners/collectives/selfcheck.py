@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from ..host import host_cpu
+
 REDUCE = {
     "sum": lambda xs: np.sum(xs, axis=0),
     "prod": lambda xs: np.prod(xs, axis=0),
@@ -220,7 +222,7 @@ def run_relax(n: int, rank: int) -> tuple[dict[str, np.ndarray], int]:
         bb.emit(C.after_all(*T["sends"]))
         bb.emit_func_output(relax.Tuple(results))
     mod = bb.get()
-    target = tvm.target.Target({"kind": "llvm"})
+    target = tvm.target.Target({"kind": "llvm", "mcpu": host_cpu()})
     ex = tvm.compile(mod, target=target, relax_pipeline=C.pipeline(target))
     vm = relax.VirtualMachine(ex, tvm.cpu())
     outs = vm["main"](*(tvm.runtime.tensor(ins[k]) for k in params))
@@ -232,6 +234,7 @@ def run_relay(n: int, rank: int) -> tuple[dict[str, np.ndarray], int]:
     from tvm import relay
     from tvm.contrib import graph_executor
 
+    from ..relay.runner import make_target as make_relay_target
     from . import relay as C
     from . import runtime  # noqa: F401 - registers the packed functions
 
@@ -250,7 +253,7 @@ def run_relay(n: int, rank: int) -> tuple[dict[str, np.ndarray], int]:
     results += [C.after_all(*T["sends"]), unused]
     mod = tvm.IRModule.from_expr(relay.Function(list(params.values()), relay.Tuple(results)))
     mod = C.OrderSendRecv()(mod)
-    target = tvm.target.Target("llvm -mtriple=x86_64-linux-gnu")
+    target = make_relay_target("llvm")  # this CPU, x86-64 triple
     with tvm.transform.PassContext(opt_level=3):
         lib = relay.build(mod, target=target)
     gmod = graph_executor.GraphModule(lib["default"](tvm.cpu()))

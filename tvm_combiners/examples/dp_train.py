@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from ..host import host_cpu
+
 EPS = 1e-5
 
 
@@ -370,7 +372,7 @@ def run(cfg: Config, threshold_bytes: int | None = None) -> dict[str, Any]:
     progress(TAG, f"{world} ranks; building the step ({cfg.layers} layers, hidden {cfg.hidden}, "
                   f"{cfg.batch_per_rank} rows per rank)")
     names = variant_names()
-    target = tvm.target.Target({"kind": "llvm", "opt-level": cfg.opt_level})
+    target = tvm.target.Target({"kind": "llvm", "opt-level": cfg.opt_level, "mcpu": host_cpu()})
     built: dict[str, tuple[list[int], list[str]]] = {}
 
     def compile_variant(name: str) -> Any:  # only on the rank that compiles it

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from ..host import host_cpu
+
 TAG = "pipeline-bert"
 TOL = 1e-4
 
@@ -304,7 +306,7 @@ def run(cfg: Config) -> dict[str, Any]:
     if combiner is not None:
         notes: list[str] = []
         variants["combined"] = (combiner(on_combine=lambda c: notes.append(c.describe()))(base), notes)
-    target = tvm.target.Target({"kind": "llvm", "opt-level": cfg.opt_level})
+    target = tvm.target.Target({"kind": "llvm", "opt-level": cfg.opt_level, "mcpu": host_cpu()})
     builders = {name: (lambda m=m: tvm.compile(m, target=target, relax_pipeline=C.pipeline(target)))
                 for name, (m, _) in variants.items()}
     libs, compile_s = compile_shared(builders, TAG)
