@@ -93,7 +93,7 @@ def measure(ir: str, shape: str, n: int, model: str | None) -> None:
     small = synthetic("layers", 2)
     ops = lambda m: sum(backend.count_ops(m).values())  # noqa: E731
     row = {"ir": ir, "shape": shape, "n": n, "before": ops(mod)}
-    for name, run in (("ours", lambda m: backend.combine(m, None, False)), ("tvm", lambda m: builtin_combine(ir, m))):
+    for name, run in (("ours", lambda m: backend.combine(m, None, to_batch=False)), ("tvm", lambda m: builtin_combine(ir, m))):
         run(small)  # warm up: lazy imports and first-call costs are not pass time
         start = time.process_time()  # CPU time: other processes on a busy machine do not count
         out = run(mod)

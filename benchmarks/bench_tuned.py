@@ -72,8 +72,8 @@ def main() -> None:
     unknown = [k for k in keys if k not in MODELS]
     if unknown:
         parser.error(f"unknown model(s) {', '.join(unknown)}: expected {', '.join(MODELS)}")
-    head = ["model", "combined as", "trials/task", "tasks base/comb (new)", "job s", "baseline ms", "combined ms", "onnxruntime ms",
-            "combined/baseline", "baseline/ORT", "combined/ORT"]
+    head = ["model", "combined as", "trials/task", "tasks base/comb (new)", "job s", "baseline ms", "combined ms",
+            "onnxruntime ms", "combined/baseline", "baseline/ORT", "combined/ORT"]
     rows = []
     forms = ["stack", "concat"] if args.combine_as == "both" else [args.combine_as]
     with tempfile.TemporaryDirectory() as tmp:

@@ -32,7 +32,7 @@ def test_console_script_runs_the_default_bert():
     baseline, combined = _row(out, "baseline"), _row(out, "combined")
     assert baseline[1] == "24" and combined[1] == "18"
     assert float(baseline[-1]) <= 1e-4 and float(combined[-1]) <= 1e-4
-    assert "combined groups: 3" in out
+    assert "combined groups: 3 (combined as stack)" in out
     assert out.count("3 x matmul -> add: input (1, 128, 384), weights 3 x (384, 384), stacked [384, 384, 384]") == 3
     assert "[tvm-combiners] compiling combined for llvm" in proc.stderr  # progress lines
 
@@ -52,6 +52,7 @@ def test_combine_as_concat_concatenates_equal_widths(capsys):
     baseline, combined = report["variants"]
     assert (baseline["ops"]["matmul"], combined["ops"]["matmul"]) == (24, 18)
     assert len(report["groups"]) == 3 and all("widths [384, 384, 384]" in g for g in report["groups"])
+    assert report["combine_as"] == "concat"
     assert baseline["max_abs_diff"] <= 1e-4 and combined["max_abs_diff"] <= 1e-4
 
 

@@ -75,6 +75,7 @@ class JobReport:
     ort_latency_s: float | None = None  # onnxruntime on the CPU, same inputs, TVM's thread count
     ort_threads: int | None = None
     round_speedups: list[float] = field(default_factory=list)  # baseline/combined, one per alternating round
+    combine_as: str = "stack"  # how equal-width matmul branches combine: "stack" or "concat"
 
     def table(self) -> str:
         ops = sorted({k for v in self.variants for k, n in v.ops.items() if n} or {"matmul"})
@@ -123,13 +124,13 @@ class JobReport:
         """The report as plain JSON values (``--json``): seconds, not milliseconds."""
         return {"ok": True, "model": self.model, "ir": self.ir, "target": self.target, "batch": self.batch,
                 "seq": self.seq, "variants": [asdict(v) for v in self.variants], "speedup": self.speedup(),
-                "speedup_rounds": list(self.round_speedups),
+                "speedup_rounds": list(self.round_speedups), "combine_as": self.combine_as,
                 "groups": list(self.groups), "executed": self.executed, "note": self.note,
                 "onnxruntime": {"latency_s": self.ort_latency_s, "threads": self.ort_threads}}
 
     def render(self) -> str:
         out = [f"model {self.model}  ir {self.ir}  target {self.target}  batch {self.batch}  seq {self.seq}", self.table()]
-        out.append(f"combined groups: {len(self.groups)}")
+        out.append(f"combined groups: {len(self.groups)}" + (f" (combined as {self.combine_as})" if self.groups else ""))
         out += [f"  {g}" for g in self.groups]
         if self.note:
             out.append(self.note)
@@ -284,7 +285,7 @@ def run_job(model_path: str | None = None, target: str = "llvm", ir: str | None 
         baseline = backend.import_model(model)
     except Exception as err:
         raise JobError(path, "import", _import_problem(err, ir)) from err
-    report = JobReport(path, ir, target, batch, seq)
+    report = JobReport(path, ir, target, batch, seq, combine_as="stack" if stack else "concat")
     modules = [("baseline", baseline)]
     if combine:
         with _stage(path, "combine", "internal error in the combiner passes", bad_input=False):

@@ -366,6 +366,53 @@ def test_to_batch_stacks_branches_over_a_batched_input():
     assert ops(CombineParallelMatmul(to_batch=True)(new), "matmul") == 1  # idempotent
 
 
+def test_to_batch_rank4_input_with_side_operands_of_every_rank():
+    """[2, 3, 5, 8] x [8, 6]: per-branch [6], [5, 6] and [2, 3, 5, 6] operands stack, a shared one stays."""
+    shared = _const((2, 3, 5, 6), 50)
+
+    def body(bb, x):
+        outs = []
+        for i in range(3):
+            y = bb.emit(R.add(bb.emit(R.matmul(x, _const((8, 6), i))), _const((6,), 10 + i)))
+            y = bb.emit(R.multiply(y, _const((5, 6), 20 + i)))
+            y = bb.emit(R.subtract(y, _const((2, 3, 5, 6), 30 + i)))
+            outs.append(bb.emit(R.add(y, shared)))
+        return outs
+
+    mod = make_module({"x": ((2, 3, 5, 8), F32)}, body)
+    groups = []
+    new = CombineParallelMatmul(to_batch=True, on_combine=groups.append)(mod)
+    assert [g.stacked for g in groups] == [True]
+    assert [ops(new, op) for op in ("matmul", "add", "multiply", "subtract")] == [1, 2, 1, 1]
+    assert_same_outputs(mod, new, random_inputs(mod))
+    assert ops(CombineParallelMatmul(to_batch=True)(new), "matmul") == 1  # idempotent
+
+
+@pytest.mark.parametrize("limit", [{"max_branches": 2}, {"max_combined_bytes": 2 * 8 * 6 * 4}])
+def test_to_batch_over_a_batched_input_respects_limits(limit):
+    mod = make_module({"x": ((2, 5, 8), F32)},
+                      lambda bb, x: [bb.emit(R.matmul(x, _const((8, 6), i))) for i in range(3)])
+    groups = []
+    new = CombineParallelMatmul(to_batch=True, on_combine=groups.append, **limit)(mod)
+    assert [(g.stacked, len(g.roots)) for g in groups] == [(True, 2)] and ops(new, "matmul") == 2
+    assert_same_outputs(mod, new, random_inputs(mod))
+
+
+def test_to_batch_concatenates_a_symbolic_width_with_the_leftovers():
+    """Widths n, 4, 4, 6: the two 4s stack; 6 and n (symbolic, placed last) concatenate, as without to_batch."""
+    n = tvm.tirx.Var("n", "int64")
+    mod = make_module({"x": ((5, 8), F32), "w0": ((8, n), F32), "w1": ((8, 4), F32), "w2": ((8, 4), F32),
+                       "w3": ((8, 6), F32)},
+                      lambda bb, x, *ws: [bb.emit(R.matmul(x, w)) for w in ws])
+    groups = []
+    new = CombineParallelOps(to_batch=True, on_combine=groups.append)(mod)
+    assert sorted((g.stacked, [str(w) for w in g.widths]) for g in groups) == [(False, ["6", "n"]), (True, ["4", "4"])]
+    assert ops(new, "matmul") == 2
+    for size in (1, 7):
+        assert_same_outputs(mod, new, random_inputs(mod, sizes={"n": size}))
+    assert ops(CombineParallelOps(to_batch=True)(new), "matmul") == 2  # idempotent
+
+
 def test_to_batch_with_a_symbolic_batch():
     n, s = tvm.tirx.Var("n", "int64"), tvm.tirx.Var("s", "int64")
 

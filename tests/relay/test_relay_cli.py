@@ -21,16 +21,17 @@ def _save(graph, path, opset=17):
     return path
 
 
-def parallel_matmuls(path):
+def parallel_matmuls(path, widths=(16, 4)):
     """x @ w1 + b1 and x @ w2 + b2: two sibling dense ops the combiner merges."""
     rng = np.random.default_rng(0)
+    n1, n2 = widths
     inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
-             for n, s in [("w1", (8, 16)), ("b1", (16,)), ("w2", (8, 4)), ("b2", (4,))]]
+             for n, s in [("w1", (8, n1)), ("b1", (n1,)), ("w2", (8, n2)), ("b2", (n2,))]]
     nodes = [helper.make_node("MatMul", ["x", "w1"], ["m1"]), helper.make_node("Add", ["m1", "b1"], ["y1"]),
              helper.make_node("MatMul", ["x", "w2"], ["m2"]), helper.make_node("Add", ["m2", "b2"], ["y2"])]
     graph = helper.make_graph(nodes, "parallel", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
-                              [helper.make_tensor_value_info("y1", TensorProto.FLOAT, ["batch", 16]),
-                               helper.make_tensor_value_info("y2", TensorProto.FLOAT, ["batch", 4])], inits)
+                              [helper.make_tensor_value_info("y1", TensorProto.FLOAT, ["batch", n1]),
+                               helper.make_tensor_value_info("y2", TensorProto.FLOAT, ["batch", n2])], inits)
     return _save(graph, path)
 
 
@@ -109,6 +110,20 @@ def test_json_report(capsys, tmp_path):
     assert [v["ops"]["dense"] for v in doc["variants"]] == [2, 1]
     assert all(v["max_abs_diff"] <= 1e-5 for v in doc["variants"])
     assert doc["groups"] == ["2 x dense -> add: input (2, 8), weights (16, 8), (4, 8), widths [16, 4]"]
+
+
+def test_equal_widths_stack_by_default_and_concatenate_on_request(capsys, tmp_path):
+    path = parallel_matmuls(tmp_path / "p.onnx", widths=(16, 16))
+    docs = {}
+    for form in ("stack", "concat"):
+        assert main(["run", str(path), "--json", "--batch", "2", "--repeat", "1", "--combine-as", form]) == 0
+        docs[form] = json.loads(capsys.readouterr().out)
+        assert docs[form]["combine_as"] == form and all(v["max_abs_diff"] <= 1e-5 for v in docs[form]["variants"])
+    assert [v["ops"] for v in docs["stack"]["variants"]][1] == {"dense": 0, "batch_matmul": 1, "matmul": 0, "conv2d": 0}
+    assert docs["stack"]["groups"] == ["2 x dense -> add: input (2, 8), weights 2 x (16, 8), stacked [16, 16]"]
+    assert docs["concat"]["groups"] == ["2 x dense -> add: input (2, 8), weights 2 x (16, 8), widths [16, 16]"]
+    assert main(["run", str(path), "--json", "--batch", "2", "--repeat", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["combine_as"] == "stack"  # the default
 
 
 def test_cuda_is_refused_before_any_work(capsys):

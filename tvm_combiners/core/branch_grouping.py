@@ -166,16 +166,14 @@ class _Planner:
                 continue
             if isinstance(info.width, int) and info.width <= 0:
                 continue
-            if self.options.to_batch and not isinstance(info.width, int):
-                continue  # stacking needs equal (static) widths
             if set(node.deps) != set(node.operands):
                 continue
             data = node.operands[info.data]
             if self.options.to_batch and self._branch_count(node.index) > 1:
                 continue  # an earlier run's combined op: stacking or concatenating it again would not be idempotent
-            if self.options.to_batch and info.stack is not None:  # stacking needs equal widths
+            if self.options.to_batch and info.stack is not None and isinstance(info.width, int):
                 stacks.setdefault((self.values[data], info.key, info.width, True), []).append(node.index)
-            else:  # everything else (convolutions, 3-D inputs) concatenates as usual
+            else:  # everything else (convolutions, symbolic widths, batched weights) concatenates as usual
                 buckets.setdefault((self.values[data], info.key, None, False), []).append(node.index)
         for (value, key, width, _), roots in stacks.items():
             if len(roots) >= self.options.min_num_branches:

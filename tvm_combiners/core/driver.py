@@ -149,9 +149,10 @@ OPTIONS_DOC = """
     on_combine : callable, optional
         Called with every group that is combined (for reports and logging).
     to_batch : bool
-        Stack branches of equal shapes into one batched matmul (the shared input is broadcast,
-        not copied) instead of concatenating weights. Applies to 2-D matmul/dense inputs and
-        batch_matmul of batch 1; other groups (convolutions included) concatenate as usual.
+        Stack branches of equal static widths into one batched matmul (the shared input is
+        broadcast, not copied) instead of concatenating weights. Applies to matmuls with 2-D
+        weights (Relax: inputs of any rank >= 2; Relay: 2-D inputs) and batch_matmul of batch 1;
+        every other branch (convolutions, symbolic or unshared widths) concatenates as usual.
 
     Returns
     -------

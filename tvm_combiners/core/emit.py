@@ -44,8 +44,8 @@ def emit_plan(plan: CombinePlan, graph: Graph, builder: PlanBuilder) -> list[Any
     """Build the combined op of ``plan``; return what replaces each branch's last node.
 
     Concatenated plans put branches side by side on the split axis. Stacked plans (``to_batch``)
-    put branches of equal shape on a new leading axis of a batched op: the shared input is only
-    viewed with an extra axis of extent 1 and broadcast, never copied once per branch.
+    put branches of equal shape on a new leading axis of a batched op that broadcasts the shared
+    input over it: the input is never copied once per branch.
     """
     stacked = plan.stack is not None
     combined = (_stacked_root if stacked else _concatenated_root)(plan, graph, builder)
@@ -105,13 +105,13 @@ def _concatenated_root(plan: CombinePlan, graph: Graph, builder: PlanBuilder) ->
 def _stacked_root(plan: CombinePlan, graph: Graph, builder: PlanBuilder) -> Any:
     first = graph[plan.roots[0]]
     data_node = first.operands[first.root.data]
-    # "new": each [K, N] weight becomes [1, (1,)*batch, K, N], so the stack lines up with the
-    # input's batch axes and the input broadcasts over the branches without a copy.
-    lift = (1,) * (len(graph[data_node].shape) - 1)
     weights = []
     for r in plan.roots:
         weight_node, shape = _weight(graph, r)
         weight = builder.value(weight_node)
-        weights.append(builder.reshape(weight, lift + shape) if plan.stack == "new" else weight)
+        if plan.stack == "new":  # a 2-D weight gains one axis of extent 1 per input axis but the last,
+            # so the stack lines up with the input's batch axes and the input broadcasts over it
+            weight = builder.reshape(weight, (1,) * (len(graph[data_node].shape) - 1) + shape)
+        weights.append(weight)
     data = builder.value(data_node)
     return builder.combined_root(plan, data, builder.concat(weights, 0))
