@@ -129,15 +129,21 @@ def test_structurally_equal_inputs_group_together():
     assert_same_outputs(mod, new, random_inputs(mod))
 
 
-def test_symbolic_batch_and_sequence():
+def _symbolic_batch_module(widths: tuple[int, int]):
+    """``x (n, s, 8)`` read by two matmul + bias branches of ``widths`` (bias on either side)."""
     n, s = tvm.tirx.Var("n", "int64"), tvm.tirx.Var("s", "int64")
 
     def body(bb, x, w0, w1, b0, b1):
         return [bb.emit(R.add(bb.emit(R.matmul(x, w0)), b0)), bb.emit(R.add(b1, bb.emit(R.matmul(x, w1))))]
 
-    mod = make_module(
-        {"x": ((n, s, 8), F32), "w0": ((8, 4), F32), "w1": ((8, 6), F32), "b0": ((4,), F32), "b1": ((6,), F32)}, body
+    (a, b) = widths
+    return make_module(
+        {"x": ((n, s, 8), F32), "w0": ((8, a), F32), "w1": ((8, b), F32), "b0": ((a,), F32), "b1": ((b,), F32)}, body
     )
+
+
+def test_symbolic_batch_and_sequence():
+    mod = _symbolic_batch_module((4, 6))
     new = CombineParallelMatmul()(mod)
     assert ops(new, "matmul") == 1 and ops(new, "add") == 1
     assert_same_outputs(mod, new, random_inputs(mod, sizes={"n": 3, "s": 7}))
@@ -414,14 +420,7 @@ def test_to_batch_concatenates_a_symbolic_width_with_the_leftovers():
 
 
 def test_to_batch_with_a_symbolic_batch():
-    n, s = tvm.tirx.Var("n", "int64"), tvm.tirx.Var("s", "int64")
-
-    def body(bb, x, w0, w1, b0, b1):
-        return [bb.emit(R.add(bb.emit(R.matmul(x, w0)), b0)), bb.emit(R.add(b1, bb.emit(R.matmul(x, w1))))]
-
-    mod = make_module(
-        {"x": ((n, s, 8), F32), "w0": ((8, 6), F32), "w1": ((8, 6), F32), "b0": ((6,), F32), "b1": ((6,), F32)}, body
-    )
+    mod = _symbolic_batch_module((6, 6))
     groups = []
     new = CombineParallelMatmul(to_batch=True, on_combine=groups.append)(mod)
     assert [g.stacked for g in groups] == [True] and ops(new, "matmul") == 1 and ops(new, "add") == 1
