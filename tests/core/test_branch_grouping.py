@@ -14,8 +14,8 @@ class G:
     def leaf(self, shape=(4, 8)):
         return self.g.add(op="param", operands=(), deps=(), shape=shape, dtype="float32").index
 
-    def root(self, data, weight, width, key="k"):
-        info = RootInfo("matmul", 0, 1, key, out_axis=1, weight_axis=1, width=width)
+    def root(self, data, weight, width, key="k", stack=None):
+        info = RootInfo("matmul", 0, 1, key, out_axis=1, weight_axis=1, width=width, stack=stack)
         return self.g.add(op="matmul", operands=(data, weight), deps=(data, weight), shape=(4, width),
                           dtype="float32", value_key=("matmul",), root=info).index
 
@@ -85,6 +85,16 @@ def test_limits_cut_groups():
     plans = plan_combinations(b.g, ["matmul"], CombineOptions(max_combined_bytes=3 * 8 * 4 * 4))
     assert [p.roots for p in plans] == [tuple(roots[0:3]), tuple(roots[3:5])]
     assert plan_combinations(b.g, ["matmul"], CombineOptions(min_num_branches=6)) == []
+
+
+def test_to_batch_stacks_equal_widths_and_concatenates_the_rest_in_one_run():
+    # widths 1, 3, 1, 1 under max_branches=2: two 1s stack; the third 1 is left over by the limit
+    # and concatenates with the 3 now, or a second run would find that pair (not idempotent)
+    b = G()
+    x = b.leaf()
+    r = [b.root(x, b.leaf((8, n)), n, stack="new") for n in (1, 3, 1, 1)]
+    plans = plan_combinations(b.g, ["matmul"], CombineOptions(max_branches=2, to_batch=True))
+    assert [(p.roots, p.stack) for p in plans] == [((r[0], r[2]), "new"), ((r[1], r[3]), None)]
 
 
 def test_veto_and_unknown_sizes():

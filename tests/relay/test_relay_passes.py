@@ -383,3 +383,20 @@ def test_to_batch_leftovers_cut_by_max_branches_stay_idempotent():
     assert ops(once, "nn.batch_matmul") == 0 and ops(once, "nn.dense") == 2
     assert unchanged(combine(once), once)
     assert_same_outputs(mod, once, random_inputs(mod))
+
+
+def test_to_batch_a_stack_cut_by_max_branches_leaves_its_rest_to_concatenate():
+    # found by hypothesis: widths 1, 3, 1, 1 with max_branches=2 stacked two of the 1s and left the
+    # third alone, so a second run concatenated it with the 3. The rest now concatenates at once.
+    x = relay.var("x", shape=(3, 6))
+    mod = make_module([relay.nn.dense(x, const((n, 6), i)) for i, n in enumerate((1, 3, 1, 1))], [x])
+    combine = CombineParallelDense(to_batch=True, max_branches=2)
+    groups = []
+    once = relay.transform.InferType()(
+        CombineParallelDense(to_batch=True, max_branches=2, on_combine=groups.append)(mod))
+    assert sorted(g.stacked for g in groups) == [False, True]
+    assert ops(once, "nn.batch_matmul") == 1 and ops(once, "nn.dense") == 1
+    (dense,) = _calls(once, "nn.dense")
+    assert [int(d) for d in dense.args[1].checked_type.shape] == [4, 6]
+    assert unchanged(combine(once), once)
+    assert_same_outputs(mod, once, random_inputs(mod))

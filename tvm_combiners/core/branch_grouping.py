@@ -172,18 +172,21 @@ class _Planner:
             if self.options.to_batch and self._branch_count(node.index) > 1:
                 continue  # an earlier run's combined op: stacking or concatenating it again would not be idempotent
             if self.options.to_batch and info.stack is not None and isinstance(info.width, int):
-                stacks.setdefault((self.values[data], info.key, info.width, True), []).append(node.index)
+                stacks.setdefault((self.values[data], info.key, info.width), []).append(node.index)
             else:  # everything else (convolutions, symbolic widths, batched weights) concatenates as usual
-                buckets.setdefault((self.values[data], info.key, None, False), []).append(node.index)
-        for (value, key, width, _), roots in stacks.items():
-            if len(roots) >= self.options.min_num_branches:
-                buckets[(value, key, width, True)] = roots
-            else:  # a width no sibling shares cannot stack: it concatenates with the other leftovers
-                buckets.setdefault((value, key, None, False), []).extend(roots)
+                buckets.setdefault((self.values[data], info.key), []).append(node.index)
         plans: list[CombinePlan] = []
-        for (_, _, _, stacked), roots in buckets.items():
+        for (value, key, _), roots in stacks.items():
+            if len(roots) >= self.options.min_num_branches:
+                roots.sort()
+                plans.extend(self._plans_for_bucket(roots, True))
+            # What did not stack (a width no sibling shares, or left over by a limit or a dependency)
+            # concatenates with the other leftovers now: a second run would find it there otherwise.
+            leftovers = [r for r in roots if r not in self.taken]
+            buckets.setdefault((value, key), []).extend(leftovers)
+        for roots in buckets.values():
             roots.sort()
-            plans.extend(self._plans_for_bucket(roots, stacked))
+            plans.extend(self._plans_for_bucket(roots, False))
         self.shares = "weight"
         for roots in weight_buckets.values():
             plans.extend(self._plans_for_bucket(roots, False))
