@@ -400,3 +400,29 @@ def test_to_batch_a_stack_cut_by_max_branches_leaves_its_rest_to_concatenate():
     assert [int(d) for d in dense.args[1].checked_type.shape] == [4, 6]
     assert unchanged(combine(once), once)
     assert_same_outputs(mod, once, random_inputs(mod))
+
+
+def test_untyped_and_partly_typed_modules_are_typed_first(monkeypatch):
+    # A typed module is read as it is (no InferType up front); one node without a type sends the
+    # whole module through InferType first, and the result is the same.
+    def outputs(x):
+        return [relay.nn.relu(relay.nn.dense(x, const((n, 8), n))) for n in (4, 6, 3)]
+
+    x = relay.var("x", shape=(5, 8))
+    untyped = tvm.IRModule.from_expr(relay.Function([x], relay.Tuple(outputs(x))))  # nothing typed
+    typed = make_module(outputs(x), [x])
+    tx = typed["main"].params[0]
+    extra = relay.nn.dense(tx, const((2, 8), 99))  # a typed body under an untyped tuple and dense
+    partly = tvm.IRModule.from_expr(relay.Function([tx], relay.Tuple([*typed["main"].body.fields, extra])))
+    want = CombineParallelDense()(typed)
+    infer_type = relay.transform.InferType
+    for mod, inferred in ((untyped, 2), (partly, 2), (typed, 1)):  # the last one types the result
+        calls = []
+        monkeypatch.setattr(relay.transform, "InferType", lambda: calls.append(1) or infer_type())
+        new = CombineParallelDense()(mod)
+        monkeypatch.setattr(relay.transform, "InferType", infer_type)
+        assert len(calls) == inferred
+        assert ops(new, "nn.dense") == 1 and new["main"].body._checked_type_ is not None
+        assert_same_outputs(relay.transform.InferType()(mod), new, random_inputs(typed))
+    assert untyped["main"].body._checked_type_ is None and partly["main"].body._checked_type_ is None
+    assert unchanged(CombineParallelDense()(untyped), want)

@@ -20,6 +20,18 @@ class UnsupportedRegion(Exception):
     """The body holds control flow or closures: the passes leave such functions unchanged."""
 
 
+class UntypedBody(Exception):
+    """A node has no checked type yet: the module must go through ``InferType`` first."""
+
+
+def checked_type(expr: Any) -> Any:
+    """The type inference left on ``expr``; reading it spares a whole-module ``InferType``."""
+    ty = expr._checked_type_
+    if ty is None:
+        raise UntypedBody(type(expr).__name__)
+    return ty
+
+
 def struct_key(obj: Any) -> StructKey:
     return StructKey(obj, tvm.ir.structural_hash, tvm.ir.structural_equal)
 
@@ -100,7 +112,7 @@ def build_body_view(body: relay.Expr) -> BodyView:
         else:
             children = []
         deps = tuple(index[c.handle.value] for c in children)  # ordered, repeats kept: value numbering needs both
-        ty = expr.checked_type
+        ty = checked_type(expr)
         known = types.get(ty.handle.value)
         if known is None:
             known = (ty, dims_of(ty), str(ty.dtype) if isinstance(ty, relay.TensorType) else None)
@@ -155,7 +167,7 @@ def _classify(node: Any, attrs: Any, attrs_key: StructKey, graph: Graph) -> None
 
 
 def _matmul_root(name: str, attrs: Any, graph: Graph, node: Any) -> RootInfo | None:
-    if bool(getattr(attrs, "transpose_a", False)):
+    if name == "nn.matmul" and bool(attrs.transpose_a):  # dense has no such attribute (a raised FFI error)
         return None
     data, weight = (graph[i] for i in node.operands)
     family = "batch_matmul" if name == "nn.batch_matmul" else "dense"

@@ -6,12 +6,13 @@ import tvm
 from tvm import relay
 
 from ..core.driver import CombineSettings, gc_paused, pass_factory
-from .graph_view import UnsupportedRegion, build_body_view
+from .graph_view import UnsupportedRegion, UntypedBody, build_body_view, checked_type
 from .rewrite import rewrite_body
 
 
 def _build(settings: CombineSettings) -> tvm.transform.Pass:
     def rewrite_function(func: relay.Function) -> relay.Function:
+        ret_type = checked_type(func).ret_type
         try:
             view = build_body_view(func.body)
         except UnsupportedRegion:
@@ -22,14 +23,16 @@ def _build(settings: CombineSettings) -> tvm.transform.Pass:
         body = rewrite_body(view, plans, func.body)
         # The rewrite keeps the function's type; stating it lets callers in the module type-check
         # before this function is inferred again (Relay infers a call from its callee's type).
-        return relay.Function(func.params, body, func.checked_type.ret_type, func.type_params, func.attrs, func.span)
+        return relay.Function(func.params, body, ret_type, func.type_params, func.attrs, func.span)
 
     def transform(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         with gc_paused():
-            return combine_module(mod)
+            try:  # a typed module (the usual input: every Relay pass returns one) is read as it is
+                return combine_module(mod)
+            except UntypedBody:
+                return combine_module(relay.transform.InferType()(mod))
 
     def combine_module(mod: tvm.IRModule) -> tvm.IRModule:
-        mod = relay.transform.InferType()(mod)
         updates = {}
         for gv, func in mod.functions.items():
             if isinstance(func, relay.Function) and not (func.attrs and "Primitive" in func.attrs):
