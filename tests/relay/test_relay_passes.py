@@ -418,7 +418,7 @@ def test_untyped_and_partly_typed_modules_are_typed_first(monkeypatch):
     infer_type = relay.transform.InferType
     for mod, inferred in ((untyped, 2), (partly, 2), (typed, 1)):  # the last one types the result
         calls = []
-        monkeypatch.setattr(relay.transform, "InferType", lambda: calls.append(1) or infer_type())
+        monkeypatch.setattr(relay.transform, "InferType", lambda calls=calls: calls.append(1) or infer_type())
         new = CombineParallelDense()(mod)
         monkeypatch.setattr(relay.transform, "InferType", infer_type)
         assert len(calls) == inferred
