@@ -11,6 +11,7 @@ from tvm_combiners.relay import (
     CombineParallelConv2D,
     CombineParallelDense,
     CombineParallelOps,
+    CombineSharedWeightDense,
 )
 
 F32 = "float32"
@@ -400,6 +401,23 @@ def test_to_batch_a_stack_cut_by_max_branches_leaves_its_rest_to_concatenate():
     assert [int(d) for d in dense.args[1].checked_type.shape] == [4, 6]
     assert unchanged(combine(once), once)
     assert_same_outputs(mod, once, random_inputs(mod))
+
+
+def test_roots_with_a_transposed_input_are_left_alone():
+    # found in review: batch_matmul(transpose_a=True) reads its input as [b, K, M]; once only
+    # nn.matmul's transpose_a was checked, stacking rebuilt it untransposed (wrong numbers) and
+    # the shared-weight rule concatenated inputs on K (a type error).
+    x = relay.var("x", shape=(1, 8, 8))
+    bmm = make_module([relay.nn.batch_matmul(x, const((1, 4, 8), n), transpose_a=True) for n in (3, 5)], [x])
+    y = relay.var("y", shape=(8, 5))
+    mm = make_module([relay.nn.matmul(y, const((8, n), n), transpose_a=True) for n in (3, 4)], [y])
+    x1, x2 = relay.var("x1", shape=(2, 8, 8)), relay.var("x2", shape=(2, 8, 8))
+    w = const((2, 4, 8), 1)
+    shared = make_module([relay.nn.batch_matmul(v, w, transpose_a=True) for v in (x1, x2)], [x1, x2])
+    for mod in (bmm, mm, shared):
+        for combine in (CombineParallelOps(to_batch=True), CombineParallelOps(), CombineSharedWeightDense()):
+            assert unchanged(combine(mod), mod)
+    assert_same_outputs(bmm, bmm, random_inputs(bmm))  # the graph itself compiles and runs
 
 
 def test_untyped_and_partly_typed_modules_are_typed_first(monkeypatch):

@@ -167,8 +167,8 @@ def _classify(node: Any, attrs: Any, attrs_key: StructKey, graph: Graph) -> None
 
 
 def _matmul_root(name: str, attrs: Any, graph: Graph, node: Any) -> RootInfo | None:
-    if name == "nn.matmul" and bool(attrs.transpose_a):  # dense has no such attribute (a raised FFI error)
-        return None
+    if name != "nn.dense" and bool(attrs.transpose_a):  # dense has no such attribute (a raised FFI error)
+        return None  # matmul and batch_matmul: a transposed input is never read as [.., M, K]
     data, weight = (graph[i] for i in node.operands)
     family = "batch_matmul" if name == "nn.batch_matmul" else "dense"
     transposed = True if name == "nn.dense" else bool(attrs.transpose_b)

@@ -174,6 +174,8 @@ class _GraphBuilder:
                 y = relay.nn.conv2d(data, w, strides=(spec.stride, spec.stride), padding=(br.kernel // 2,) * 2,
                                     channels=br.width, kernel_size=(br.kernel, br.kernel),
                                     data_layout=spec.layout, kernel_layout="OIHW" if nchw else "HWIO")
+            elif family == "batch_matmul" and br.input_transposed:  # the same product, read as [b, K, M]
+                y = relay.nn.batch_matmul(relay.transpose(data, (0, 2, 1)), w, transpose_a=True, transpose_b=br.transposed)
             elif family == "batch_matmul":
                 y = relay.nn.batch_matmul(data, w, transpose_b=br.transposed)
             elif br.transposed:
