@@ -420,6 +420,21 @@ def test_roots_with_a_transposed_input_are_left_alone():
     assert_same_outputs(bmm, bmm, random_inputs(bmm))  # the graph itself compiles and runs
 
 
+def test_a_module_typed_again_reports_each_group_once():
+    # found in review: a typed function read (and its group reported) before an untyped one was
+    # found was planned and reported again after InferType. Every function is now read first.
+    def siblings(x):
+        return relay.Tuple([relay.nn.dense(x, const((n, 8), n)) for n in (3, 5)])
+
+    x, y = relay.var("x", shape=(4, 8)), relay.var("y", shape=(4, 8))
+    mod = make_module(siblings(x), [x])
+    mod[relay.GlobalVar("other")] = relay.Function([y], siblings(y))  # added after InferType: untyped
+    assert [g.name_hint for g in mod.functions.keys()][0] == "main"  # the typed one comes first
+    groups = []
+    new = CombineParallelDense(on_combine=groups.append)(mod)
+    assert len(groups) == 2 and ops(new, "nn.dense") == 2
+
+
 def test_untyped_and_partly_typed_modules_are_typed_first(monkeypatch):
     # A typed module is read as it is (no InferType up front); one node without a type sends the
     # whole module through InferType first, and the result is the same.

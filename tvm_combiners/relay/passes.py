@@ -2,43 +2,54 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import tvm
 from tvm import relay
 
 from ..core.driver import CombineSettings, gc_paused, pass_factory
-from .graph_view import UnsupportedRegion, UntypedBody, build_body_view, checked_type
+from .graph_view import BodyView, UnsupportedRegion, UntypedBody, build_body_view, checked_type
 from .rewrite import rewrite_body
 
 
 def _build(settings: CombineSettings) -> tvm.transform.Pass:
-    def rewrite_function(func: relay.Function) -> relay.Function:
-        ret_type = checked_type(func).ret_type
-        try:
-            view = build_body_view(func.body)
-        except UnsupportedRegion:
-            return func
+    def rewrite_function(func: relay.Function, view: BodyView) -> relay.Function:
         plans = settings.plan(view.graph, view.expr_of)
         if not plans:
             return func
         body = rewrite_body(view, plans, func.body)
         # The rewrite keeps the function's type; stating it lets callers in the module type-check
         # before this function is inferred again (Relay infers a call from its callee's type).
-        return relay.Function(func.params, body, ret_type, func.type_params, func.attrs, func.span)
+        return relay.Function(func.params, body, checked_type(func).ret_type, func.type_params, func.attrs,
+                              func.span)
 
     def transform(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         with gc_paused():
             try:  # a typed module (the usual input: every Relay pass returns one) is read as it is
-                return combine_module(mod)
+                views = read_module(mod)
             except UntypedBody:
-                return combine_module(relay.transform.InferType()(mod))
+                mod = relay.transform.InferType()(mod)
+                views = read_module(mod)
+            return combine_module(mod, views)
 
-    def combine_module(mod: tvm.IRModule) -> tvm.IRModule:
-        updates = {}
+    def read_module(mod: tvm.IRModule) -> dict[Any, tuple[relay.Function, BodyView]]:
+        """Every function is read before any is planned: an untyped one is found before a group is reported."""
+        views = {}
         for gv, func in mod.functions.items():
             if isinstance(func, relay.Function) and not (func.attrs and "Primitive" in func.attrs):
-                new = rewrite_function(func)
-                if not new.same_as(func):
-                    updates[gv] = new
+                checked_type(func)
+                try:
+                    views[gv] = func, build_body_view(func.body)
+                except UnsupportedRegion:
+                    continue
+        return views
+
+    def combine_module(mod: tvm.IRModule, views: dict[Any, tuple[relay.Function, BodyView]]) -> tvm.IRModule:
+        updates = {}
+        for gv, (func, view) in views.items():
+            new = rewrite_function(func, view)
+            if not new.same_as(func):
+                updates[gv] = new
         if not updates:
             return mod
         functions = dict(mod.functions)
