@@ -63,7 +63,7 @@ class Branch:
     dep: int | None  # an earlier branch whose output perturbs this branch's weight (a dependency)
     out_root: bool  # the root itself is also an output
     tap: bool = False  # the first follower's result is also an output (a use outside the chain)
-    input_transposed: bool = False  # Relay batch_matmul: reads transpose(source) with transpose_a
+    input_transposed: bool = False  # Relay batch_matmul, 2-D nn.matmul: transpose(source) with transpose_a
 
 
 @dataclass(frozen=True)
@@ -199,7 +199,7 @@ def graph_specs(draw, ir: str, families: tuple[str, ...], dtypes: tuple[str, ...
             dep=draw(st.integers(0, i - 1)) if i and draw(st.integers(0, 7)) == 0 else None,
             out_root=draw(st.integers(0, 7)) == 0,
             tap=draw(st.integers(0, 7)) == 0,
-            input_transposed=ir == "relay" and family == "batch_matmul" and draw(st.booleans()),
+            input_transposed=ir == "relay" and family in ("matmul", "batch_matmul") and draw(st.booleans()),
         ))
     return GraphSpec(
         dtype=dtype,

@@ -178,6 +178,8 @@ class _GraphBuilder:
                 y = relay.nn.batch_matmul(relay.transpose(data, (0, 2, 1)), w, transpose_a=True, transpose_b=br.transposed)
             elif family == "batch_matmul":
                 y = relay.nn.batch_matmul(data, w, transpose_b=br.transposed)
+            elif br.transposed and br.input_transposed and not spec.rank3:
+                y = relay.nn.matmul(relay.transpose(data), w, transpose_a=True)
             elif br.transposed:
                 y = relay.nn.matmul(data, w)
             else:
