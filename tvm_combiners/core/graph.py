@@ -6,6 +6,7 @@ this package only ever look at this view, so they are written once for both IRs.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import re
@@ -107,8 +108,12 @@ def parse_dtype_bits(dtype: str) -> int:
 
 
 def ir_dtype_bits(datatype: Callable[[str], Any]) -> Callable[[str], int]:
-    """``Graph.dtype_bits`` from an IR's own dtype class (``tvm.DataType``: ``bits``, ``lanes``)."""
+    """``Graph.dtype_bits`` from an IR's own dtype class (``tvm.DataType``: ``bits``, ``lanes``).
 
+    Cached per dtype string: a graph has a handful of dtypes and parsing one is an FFI call.
+    """
+
+    @functools.cache
     def bits(dtype: str) -> int:
         if dtype == "bool":
             return 8
