@@ -41,18 +41,3 @@ def test_rows_of_different_batch_stay_apart():
     w = relay.var("w", shape=(1, 6, 8))  # broadcast over either batch
     mod = make_module([relay.nn.batch_matmul(x1, w), relay.nn.batch_matmul(x2, w)], [x1, x2, w])
     assert unchanged(CombineSharedWeightDense()(mod), mod)
-
-
-def test_groups_over_inputs_that_share_weights_are_not_merged_again():
-    # found in review: x@W1, x@W2, y@W1, y@W2 group by input into two ops over equal combined
-    # weights; a second run merged those as sharing a weight. A combined op's weight no longer
-    # opens a shared-weight group, so one run is the fixpoint, stacked or concatenated.
-    x, y = relay.var("x", shape=(4, 8)), relay.var("y", shape=(4, 8))
-    w1, w2 = const((3, 8), 1), const((3, 8), 2)
-    mod = make_module([relay.nn.dense(v, w) for v in (x, y) for w in (w1, w2)], [x, y])
-    for to_batch, op in ((True, "nn.batch_matmul"), (False, "nn.dense")):
-        combine = CombineParallelOps(to_batch=to_batch)
-        once = combine(mod)
-        assert ops(once, op) == 2
-        assert unchanged(combine(once), once)
-        assert_same_outputs(mod, once, random_inputs(mod))

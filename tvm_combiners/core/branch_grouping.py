@@ -158,9 +158,8 @@ class _Planner:
             info = node.root
             if info is None:
                 continue
-            if (info.family in self.weight_families and set(node.deps) == set(node.operands)
-                    and self._branch_count(node.index) == 1):  # a combined op's weight is a concatenation:
-                key = self._weight_bucket(node)  # two of them agree only where one run already grouped their inputs
+            if info.family in self.weight_families and set(node.deps) == set(node.operands):
+                key = self._weight_bucket(node)
                 if key is not None:
                     weight_buckets.setdefault(key, []).append(node.index)
             if info.family not in self.families:
