@@ -41,3 +41,22 @@ def test_rows_of_different_batch_stay_apart():
     w = relay.var("w", shape=(1, 6, 8))  # broadcast over either batch
     mod = make_module([relay.nn.batch_matmul(x1, w), relay.nn.batch_matmul(x2, w)], [x1, x2, w])
     assert unchanged(CombineSharedWeightDense()(mod), mod)
+
+
+def test_a_fused_projection_applied_to_two_inputs_shares_its_weight():
+    # dense(x, W) and dense(y, W), each split into q, k, v (a tied fused-QKV projection): the
+    # split after each root is the model's own, not an earlier run's; the two still combine.
+    # (Found in review: a fix that kept every split-ended root out of shared-weight groups, for
+    # idempotence over x@W1, x@W2, y@W1, y@W2, lost this combine; it was reverted.)
+    x, y = relay.var("x", shape=(4, 8)), relay.var("y", shape=(4, 8))
+    w = const((9, 8), 1)
+    outs = []
+    for v in (x, y):
+        parts = relay.split(relay.nn.dense(v, w), 3, axis=-1)
+        outs += [parts[0], parts[1], parts[2]]
+    mod = make_module(outs, [x, y])
+    for combine in (CombineSharedWeightDense(), CombineParallelOps()):
+        new = combine(mod)
+        assert ops(new, "nn.dense") == 1
+        assert_same_outputs(mod, new, random_inputs(mod))
+
