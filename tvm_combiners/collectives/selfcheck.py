@@ -23,8 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from ..host import host_cpu
-
 REDUCE = {
     "sum": lambda xs: np.sum(xs, axis=0),
     "prod": lambda xs: np.prod(xs, axis=0),
@@ -195,6 +193,7 @@ def run_relax(n: int, rank: int) -> tuple[dict[str, np.ndarray], int]:
     import tvm_ffi
     from tvm import relax
 
+    from ..relax.runner import make_target as make_relax_target
     from . import relax as C
     from . import runtime  # noqa: F401 - registers the packed functions
     from .runtime import native
@@ -222,7 +221,7 @@ def run_relax(n: int, rank: int) -> tuple[dict[str, np.ndarray], int]:
         bb.emit(C.after_all(*T["sends"]))
         bb.emit_func_output(relax.Tuple(results))
     mod = bb.get()
-    target = tvm.target.Target({"kind": "llvm", "mcpu": host_cpu()})
+    target = make_relax_target("llvm")
     ex = tvm.compile(mod, target=target, relax_pipeline=C.pipeline(target))
     vm = relax.VirtualMachine(ex, tvm.cpu())
     outs = vm["main"](*(tvm.runtime.tensor(ins[k]) for k in params))
