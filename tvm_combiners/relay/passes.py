@@ -37,11 +37,11 @@ def _build(settings: CombineSettings) -> tvm.transform.Pass:
         views = {}
         for gv, func in mod.functions.items():
             if isinstance(func, relay.Function) and not (func.attrs and "Primitive" in func.attrs):
-                checked_type(func)
+                checked_type(func)  # raises UntypedBody; the ret type is read again when rewriting
                 try:
                     views[gv] = func, build_body_view(func.body)
                 except UnsupportedRegion:
-                    continue
+                    pass
         return views
 
     def combine_module(mod: tvm.IRModule, views: dict[Any, tuple[relay.Function, BodyView]]) -> tvm.IRModule:
