@@ -59,4 +59,3 @@ def test_a_fused_projection_applied_to_two_inputs_shares_its_weight():
         new = combine(mod)
         assert ops(new, "nn.dense") == 1
         assert_same_outputs(mod, new, random_inputs(mod))
-
