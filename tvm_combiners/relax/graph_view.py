@@ -23,11 +23,33 @@ def struct_key(obj: Any) -> StructKey:
 _DTYPE_BITS = ir_dtype_bits(tvm.DataType)
 
 
-def dims_of(ty: Any) -> tuple[Dim, ...] | None:
-    """Static ints and :class:`SymDim` for a tensor type, or None when the shape is unknown."""
-    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+_ARRAY_ITEM = tvm_ffi.get_global_func("ffi.ArrayGetItem")
+_ARRAY_SIZE = tvm_ffi.get_global_func("ffi.ArraySize")
+
+
+def items(array: Any) -> list[Any]:
+    """An FFI array as a list: one FFI call per element, where iterating one costs three."""
+    return [_ARRAY_ITEM(array, i) for i in range(_ARRAY_SIZE(array))]
+
+
+def dims_of(ty: Any, cache: dict[int, Any] | None = None) -> tuple[Dim, ...] | None:
+    """Static ints and :class:`SymDim` for a tensor type, or None when the shape is unknown.
+
+    ``cache`` maps shape handles to their dims: ops that keep their input's shape share its
+    ``ShapeExpr``, so a graph of thousands of tensors often has only a few hundred shapes.
+    """
+    if not isinstance(ty, relax.TensorType):
         return None
-    return tuple(int(v.value) if isinstance(v, tvm.tirx.IntImm) else SymDim(v) for v in ty.shape.values)
+    shape = ty.shape
+    if not isinstance(shape, relax.ShapeExpr):
+        return None
+    handle = shape.__chandle__()
+    if cache is not None and handle in cache:
+        return cache[handle]
+    dims = tuple(int(v.value) if isinstance(v, tvm.tirx.IntImm) else SymDim(v) for v in items(shape.values))
+    if cache is not None:
+        cache[handle] = dims
+    return dims
 
 
 def dtype_of(ty: Any) -> str | None:
@@ -41,10 +63,6 @@ def constant_array(const: Any) -> np.ndarray:
     """The numpy value of a Relax constant (scalars come back as Python numbers in 0.27)."""
     value = const.value
     return np.asarray(value.numpy() if hasattr(value, "numpy") else value, dtype=str(const.ty.dtype))
-
-
-def _is_tensor(expr: Any) -> bool:
-    return isinstance(expr, (relax.Var, Constant)) and isinstance(expr.ty, relax.TensorType)
 
 
 @dataclass
@@ -64,62 +82,89 @@ class BlockView:
 
 
 def build_block_view(block: relax.DataflowBlock) -> BlockView:
+    """Read every binding once.
+
+    Nodes are found by object handle: a dict keyed by the Relax object would call its Python
+    ``__eq__`` (which reads the type through the FFI) on every lookup, as each field read returns
+    a fresh wrapper. A call whose arguments are all known vars and constants takes its free vars
+    from the arguments; any other value asks ``free_vars``.
+    """
     graph = Graph(dtype_bits=_DTYPE_BITS)
     bindings: list[Any] = []
     view = BlockView(graph, bindings)
-    index: dict[Any, int] = {}
+    index: dict[int, int] = {}
+    shapes: dict[int, Any] = {}
 
     def leaf(expr: Any) -> int:
-        if expr not in index:
+        handle = expr.__chandle__()
+        if handle not in index:
             ty = expr.ty
-            key = constant_key(dims_of(ty), lambda: constant_array(expr)) if isinstance(expr, Constant) else None
-            node = graph.add(op=type(expr).__name__, operands=(), deps=(), shape=dims_of(ty), dtype=dtype_of(ty),
+            dims = dims_of(ty, shapes)
+            key = constant_key(dims, lambda: constant_array(expr)) if isinstance(expr, Constant) else None
+            node = graph.add(op=type(expr).__name__, operands=(), deps=(), shape=dims, dtype=dtype_of(ty),
                              value_key=key, handle=expr)
-            index[expr] = node.index
+            index[handle] = node.index
             bindings.append(None)
-        return index[expr]
+        return index[handle]
 
-    for binding in block.bindings:
-        value = binding.value
-        free = [leaf(v) if v not in index else index[v] for v in relax.analysis.free_vars(value)]
+    def known(args: list[Any]) -> bool:
+        return all(isinstance(a, Constant) or a.__chandle__() in index for a in args)
+
+    def free_vars(value: Any, args: list[Any] | None) -> list[int]:
+        if args is None or not known(args):
+            free = [leaf(v) for v in relax.analysis.free_vars(value)]
+            if args is None or not known(args):  # a shape or a tuple among the args
+                return free
+        # the same list for the same call, whether or not its vars were seen before
+        return list(dict.fromkeys(index[a.__chandle__()] for a in args if not isinstance(a, Constant)))
+
+    for binding in items(block.bindings):
+        value, var = binding.value, binding.var
+        is_op_call = isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+        args = items(value.args) if is_op_call else None
+        free = free_vars(value, args)
         operands: list[int] = []
         positions: list[int] = []
         op_name, value_key = type(value).__name__, None
         if isinstance(value, relax.Call) and isinstance(binding, relax.VarBinding):
-            for pos, arg in enumerate(value.args):
-                if _is_tensor(arg):
-                    operands.append(index[arg] if arg in index else leaf(arg))
-                    positions.append(pos)
-            others = tuple((pos, struct_key(a)) for pos, a in enumerate(value.args) if pos not in positions)
-            op_name = value.op.name if isinstance(value.op, tvm.ir.Op) else str(value.op)
-            value_key = (op_name, struct_key(value.attrs), others, struct_key(list(value.ty_args)))
+            if args is None:
+                args = items(value.args)
+            for pos, arg in enumerate(args):
+                if isinstance(arg, Constant) or (isinstance(arg, relax.Var) and arg.__chandle__() in index):
+                    operand = leaf(arg)
+                    if graph[operand].dtype is not None:  # a tensor (a shape or prim var is an attribute)
+                        operands.append(operand)
+                        positions.append(pos)
+            others = tuple((pos, struct_key(a)) for pos, a in enumerate(args) if pos not in positions)
+            op_name = value.op.name if is_op_call else str(value.op)
+            value_key = (op_name, struct_key(value.attrs), others, struct_key(items(value.ty_args)))
         deps = tuple(operands + free)  # ordered, repeats kept: value numbering needs both
-        ty = binding.var.ty
+        ty = var.ty
         node = graph.add(
             op=op_name.removeprefix("relax."),
             operands=tuple(operands),
             deps=deps,
-            shape=dims_of(ty),
+            shape=dims_of(ty, shapes),
             dtype=dtype_of(ty),
             value_key=value_key,
-            escapes=not isinstance(binding.var, relax.DataflowVar),
-            handle=binding.var,
+            escapes=not isinstance(var, relax.DataflowVar),
+            handle=var,
         )
-        index[binding.var] = node.index
+        index[var.__chandle__()] = node.index
         bindings.append(binding)
         view.arg_positions[node.index] = tuple(positions)
-        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
-            _classify(node, value, graph)
+        if is_op_call and value_key is not None:
+            _classify(node, value, others, graph)
     return view
 
 
-def _classify(node: Any, call: relax.Call, graph: Graph) -> None:
+def _classify(node: Any, call: relax.Call, others: tuple[tuple[int, StructKey], ...], graph: Graph) -> None:
     name = node.op
     if name == "split":
         sections = call.attrs.indices_or_sections
         node.split_sections = int(sections) if isinstance(sections, (int, tvm.tirx.IntImm)) else len(sections) + 1
     elif name in FOLLOWERS:
-        others = tuple(struct_key(a) for a in call.args if not _is_tensor(a))
+        others = tuple(key for _, key in others)
         node.follower = FollowerInfo((name, struct_key(call.attrs), others), commutative=name in COMMUTATIVE)
     elif name == "matmul" and len(node.operands) == 2:
         node.root = _matmul_root(call, graph, node)

@@ -1,0 +1,53 @@
+"""The Relax view: how bindings become nodes (value numbers, tensor operands, attributes)."""
+
+from helpers import R, make_module
+from tvm import relax, tirx
+
+from tvm_combiners.relax.graph_view import build_block_view
+
+F32 = "float32"
+
+
+def _numbers_by_name(mod):
+    view = build_block_view(mod["main"].body.blocks[0])
+    numbers = view.graph.value_numbers()
+    return view, {
+        binding.var.name: numbers[node] for node, binding in enumerate(view.bindings) if binding is not None
+    }
+
+
+def test_a_call_gets_one_value_number_whether_or_not_its_vars_were_read_before():
+    """The first ``add`` is the first use of ``x`` and ``y`` (read through ``free_vars``), the
+    second is read from its arguments: both must be numbered as one value, ``add(y, x)`` apart."""
+
+    def body(bb, x, y):
+        first = bb.emit(R.add(x, y), "first")
+        second = bb.emit(R.add(x, y), "second")
+        swapped = bb.emit(R.add(y, x), "swapped")
+        return [first, second, swapped]
+
+    mod = make_module({"x": ((2, 8), F32), "y": ((2, 8), F32)}, body)
+    view, numbers = _numbers_by_name(mod)
+    assert numbers["first"] == numbers["second"] != numbers["swapped"]
+    first = next(n for n, b in enumerate(view.bindings) if b is not None and b.var.name == "first")
+    assert view.arg_positions[first] == (0, 1)
+    assert [view.graph[d].op for d in view.graph[first].operands] == ["Var", "Var"]
+
+
+def test_a_shape_argument_is_an_attribute_and_its_symbolic_dims_are_dependencies():
+    n = tirx.Var("n", "int64")
+    x = relax.Var("x", relax.TensorType((n, 8), F32))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit(R.reshape(x, relax.ShapeExpr([n, 2, 4])), "a")
+            b = bb.emit(R.reshape(x, relax.ShapeExpr([n, 2, 4])), "b")
+            c = bb.emit(R.reshape(x, relax.ShapeExpr([n, 4, 2])), "c")
+            out = bb.emit_output(relax.Tuple([a, b, c]))
+        bb.emit_func_output(out)
+    view, numbers = _numbers_by_name(bb.get())
+    assert numbers["a"] == numbers["b"] != numbers["c"]
+    node = next(n for n, b in enumerate(view.bindings) if b is not None and b.var.name == "a")
+    assert view.arg_positions[node] == (0,)  # only x is a tensor operand; the shape is part of the key
+    deps = {view.graph[d].handle.name: view.graph[d].dtype for d in view.graph[node].deps}
+    assert deps == {"x": F32, "n": None}  # n orders the reshape after whatever defines it
