@@ -26,7 +26,7 @@ class UntypedBody(Exception):
 
 def checked_type(expr: Any) -> Any:
     """The type inference left on ``expr``; reading it spares a whole-module ``InferType``."""
-    ty = expr._checked_type_
+    ty = read_field(expr, "_checked_type_")
     if ty is None:
         raise UntypedBody(type(expr).__name__)
     return ty
@@ -40,6 +40,19 @@ _unknown = itertools.count()
 
 
 _DTYPE_BITS = ir_dtype_bits(tvm.DataType)
+
+# Reading TVM 0.16 objects is ctypes-bound: ``obj.handle.value`` costs a ``ctypes.cast`` (three
+# times this call), iterating an Array costs a size call per element besides the item call, and
+# ``obj.field`` goes through a Python ``__getattr__`` that costs as much as the read it wraps.
+address = tvm.get_global_func("runtime.ObjectPtrHash")  # the object's address (an identity hash)
+read_field = tvm.get_global_func("node.NodeGetAttr")
+_ARRAY_ITEM = tvm.get_global_func("runtime.ArrayGetItem")
+_ARRAY_SIZE = tvm.get_global_func("runtime.ArraySize")
+
+
+def items(array: Any) -> list[Any]:
+    """A TVM 0.16 Array as a list, one FFI call per element."""
+    return [_ARRAY_ITEM(array, i) for i in range(_ARRAY_SIZE(array))]
 
 
 def dims_of(ty: Any) -> tuple[Dim, ...] | None:
@@ -72,15 +85,15 @@ class BodyView:
     exprs: list[Any] = field(default_factory=list)  # node -> original expression
     leaves: set[int] = field(default_factory=set)
     arg_positions: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    # expression handle -> node: hashing a TVM 0.16 object is an FFI call, its handle is not, and
-    # ``exprs`` keeps every object (and so its handle) alive
+    # expression address -> node: an address is one cheap FFI call, a dict keyed by the object would
+    # add its ``__eq__``; ``exprs`` keeps every object (and so its address) alive
     index: dict[int, int] = field(default_factory=dict)
 
     def expr_of(self, node: int) -> Any:
         return self.exprs[node]
 
     def node_of(self, expr: Any) -> int:
-        return self.index[expr.handle.value]
+        return self.index[address(expr)]
 
 
 def build_body_view(body: relay.Expr) -> BodyView:
@@ -90,8 +103,8 @@ def build_body_view(body: relay.Expr) -> BodyView:
     index = view.index
     order: list[Any] = []
     # Type inference shares one type object between an op and its elementwise users, and ops are
-    # interned: reading each once by handle saves most of the FFI calls (ctypes in TVM 0.16).
-    # The cached objects stay referenced, so no handle is reused while the view is built.
+    # interned: reading each once by address saves most of the FFI calls (ctypes in TVM 0.16).
+    # The cached objects stay referenced, so no address is reused while the view is built.
     types: dict[int, tuple[Any, tuple[Dim, ...] | None, str | None]] = {}
     op_names: dict[int, tuple[Any, str]] = {}
 
@@ -104,30 +117,32 @@ def build_body_view(body: relay.Expr) -> BodyView:
     relay.analysis.post_order_visit(body, collect)
     for expr in order:
         if isinstance(expr, relay.Call):
-            children = list(expr.args)
+            children = items(read_field(expr, "args"))
         elif isinstance(expr, relay.Tuple):
-            children = list(expr.fields)
+            children = items(read_field(expr, "fields"))
         elif isinstance(expr, relay.TupleGetItem):
-            children = [expr.tuple_value]
+            children = [read_field(expr, "tuple_value")]
         else:
             children = []
-        deps = tuple(index[c.handle.value] for c in children)  # ordered, repeats kept: value numbering needs both
+        deps = tuple(index[address(c)] for c in children)  # ordered, repeats kept: value numbering needs both
         ty = checked_type(expr)
-        known = types.get(ty.handle.value)
+        ty_address = address(ty)
+        known = types.get(ty_address)
         if known is None:
             known = (ty, dims_of(ty), str(ty.dtype) if isinstance(ty, relay.TensorType) else None)
             if not any(_is_unknown(d) for d in known[1] or ()):
-                types[ty.handle.value] = known  # a ? stays a dim of its own for every node (see dims_of)
+                types[ty_address] = known  # a ? stays a dim of its own for every node (see dims_of)
         kwargs: dict[str, Any] = {"shape": known[1], "dtype": known[2]}
-        op = expr.op if isinstance(expr, relay.Call) else None
+        op = read_field(expr, "op") if isinstance(expr, relay.Call) else None
         if isinstance(op, tvm.ir.Op):
             # an argument is a tensor when its node has a dtype: no second read of its checked_type
             positions = tuple(i for i, d in enumerate(deps) if graph[d].dtype is not None)
-            named = op_names.get(op.handle.value)
+            op_address = address(op)
+            named = op_names.get(op_address)
             if named is None:
-                named = op_names[op.handle.value] = (op, op.name)
+                named = op_names[op_address] = (op, op.name)
             name = named[1]
-            attrs = expr.attrs
+            attrs = read_field(expr, "attrs")
             attrs_key = struct_key(attrs)
             node = graph.add(
                 op=name, operands=tuple(deps[i] for i in positions), deps=deps, value_key=(name, attrs_key), **kwargs,
@@ -142,7 +157,7 @@ def build_body_view(body: relay.Expr) -> BodyView:
             node = graph.add(op=type(expr).__name__, operands=(), deps=(), value_key=key, **kwargs)
             view.leaves.add(node.index)
         node.handle = expr
-        index[expr.handle.value] = node.index
+        index[address(expr)] = node.index
         view.exprs.append(expr)
     graph[view.node_of(body)].escapes = True
     return view
