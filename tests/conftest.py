@@ -1,12 +1,34 @@
-"""Shared by both environments: a reproducible hypothesis profile for CI.
+"""Shared by both environments: a reproducible hypothesis profile for CI, the README's examples.
 
 Locally hypothesis explores new examples every run; ``HYPOTHESIS_PROFILE=ci`` (set by .ci/run)
 derandomizes it so a CI result can be reproduced exactly.
 """
 
 import os
+import re
+from pathlib import Path
 
+import pytest
 from hypothesis import settings
 
 settings.register_profile("ci", derandomize=True, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+@pytest.fixture
+def readme_block():
+    """``readme_block(marker)``: the one python block of the README that contains ``marker``.
+
+    The README's examples are run by tests (tests/test_readme_examples.py and its Relay twin), so
+    an example that stops working fails CI instead of a user.
+    """
+
+    def find(marker: str) -> str:
+        blocks = [b for b in re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S) if marker in b]
+        assert len(blocks) == 1, f"{len(blocks)} python blocks of README.md contain {marker!r}"
+        return blocks[0]
+
+    return find
