@@ -51,3 +51,14 @@ def test_a_shape_argument_is_an_attribute_and_its_symbolic_dims_are_dependencies
     assert view.arg_positions[node] == (0,)  # only x is a tensor operand; the shape is part of the key
     deps = {view.graph[d].handle.name: view.graph[d].dtype for d in view.graph[node].deps}
     assert deps == {"x": F32, "n": None}  # n orders the reshape after whatever defines it
+
+
+def test_prim_value_and_string_arguments_are_attributes_not_nodes():
+    """In 0.27 ``clip``'s bounds are tir immediates, subclasses of ``Constant`` like tensor constants."""
+
+    def body(bb, x):
+        return bb.emit(R.clip(x, 0, 6), "clipped")
+
+    view, _ = _numbers_by_name(make_module({"x": ((2, 8), F32)}, body))
+    assert [node.op for node in view.graph.nodes] == ["Var", "clip", "DataflowVar"]  # x, clip, output alias
+    assert view.arg_positions[1] == (0,)

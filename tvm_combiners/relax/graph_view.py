@@ -35,7 +35,7 @@ def items(array: Any) -> list[Any]:
 def dims_of(ty: Any, cache: dict[int, Any] | None = None) -> tuple[Dim, ...] | None:
     """Static ints and :class:`SymDim` for a tensor type, or None when the shape is unknown.
 
-    ``cache`` maps shape handles to their dims: ops that keep their input's shape share its
+    ``cache`` maps shape handles to (shape, dims): ops that keep their input's shape share its
     ``ShapeExpr``, so a graph of thousands of tensors often has only a few hundred shapes.
     """
     if not isinstance(ty, relax.TensorType):
@@ -45,10 +45,10 @@ def dims_of(ty: Any, cache: dict[int, Any] | None = None) -> tuple[Dim, ...] | N
         return None
     handle = shape.__chandle__()
     if cache is not None and handle in cache:
-        return cache[handle]
+        return cache[handle][1]
     dims = tuple(int(v.value) if isinstance(v, tvm.tirx.IntImm) else SymDim(v) for v in items(shape.values))
     if cache is not None:
-        cache[handle] = dims
+        cache[handle] = shape, dims  # the shape stays referenced: its address is not reused meanwhile
     return dims
 
 
@@ -130,7 +130,9 @@ def build_block_view(block: relax.DataflowBlock) -> BlockView:
             if args is None:
                 args = items(value.args)
             for pos, arg in enumerate(args):
-                if isinstance(arg, Constant) or (isinstance(arg, relax.Var) and arg.__chandle__() in index):
+                # prim values and strings are Constants too in 0.27: attributes, never nodes
+                tensor_constant = isinstance(arg, Constant) and isinstance(arg.ty, relax.TensorType)
+                if tensor_constant or (isinstance(arg, relax.Var) and arg.__chandle__() in index):
                     operand = leaf(arg)
                     if graph[operand].dtype is not None:  # a tensor (a shape or prim var is an attribute)
                         operands.append(operand)
