@@ -8,12 +8,10 @@ from tvm_combiners.relax.graph_view import build_block_view
 F32 = "float32"
 
 
-def _numbers_by_name(mod):
+def _view(mod):
+    """The block's view and its bound nodes by var name."""
     view = build_block_view(mod["main"].body.blocks[0])
-    numbers = view.graph.value_numbers()
-    return view, {
-        binding.var.name: numbers[node] for node, binding in enumerate(view.bindings) if binding is not None
-    }
+    return view, {binding.var.name: node for node, binding in enumerate(view.bindings) if binding is not None}
 
 
 def test_a_call_gets_one_value_number_whether_or_not_its_vars_were_read_before():
@@ -27,11 +25,11 @@ def test_a_call_gets_one_value_number_whether_or_not_its_vars_were_read_before()
         return [first, second, swapped]
 
     mod = make_module({"x": ((2, 8), F32), "y": ((2, 8), F32)}, body)
-    view, numbers = _numbers_by_name(mod)
-    assert numbers["first"] == numbers["second"] != numbers["swapped"]
-    first = next(n for n, b in enumerate(view.bindings) if b is not None and b.var.name == "first")
-    assert view.arg_positions[first] == (0, 1)
-    assert [view.graph[d].op for d in view.graph[first].operands] == ["Var", "Var"]
+    view, nodes = _view(mod)
+    numbers = view.graph.value_numbers()
+    assert numbers[nodes["first"]] == numbers[nodes["second"]] != numbers[nodes["swapped"]]
+    assert view.arg_positions[nodes["first"]] == (0, 1)
+    assert [view.graph[d].op for d in view.graph[nodes["first"]].operands] == ["Var", "Var"]
 
 
 def test_a_shape_argument_is_an_attribute_and_its_symbolic_dims_are_dependencies():
@@ -45,9 +43,10 @@ def test_a_shape_argument_is_an_attribute_and_its_symbolic_dims_are_dependencies
             c = bb.emit(R.reshape(x, relax.ShapeExpr([n, 4, 2])), "c")
             out = bb.emit_output(relax.Tuple([a, b, c]))
         bb.emit_func_output(out)
-    view, numbers = _numbers_by_name(bb.get())
-    assert numbers["a"] == numbers["b"] != numbers["c"]
-    node = next(n for n, b in enumerate(view.bindings) if b is not None and b.var.name == "a")
+    view, nodes = _view(bb.get())
+    numbers = view.graph.value_numbers()
+    assert numbers[nodes["a"]] == numbers[nodes["b"]] != numbers[nodes["c"]]
+    node = nodes["a"]
     assert view.arg_positions[node] == (0,)  # only x is a tensor operand; the shape is part of the key
     deps = {view.graph[d].handle.name: view.graph[d].dtype for d in view.graph[node].deps}
     assert deps == {"x": F32, "n": None}  # n orders the reshape after whatever defines it
@@ -59,6 +58,6 @@ def test_prim_value_and_string_arguments_are_attributes_not_nodes():
     def body(bb, x):
         return bb.emit(R.clip(x, 0, 6), "clipped")
 
-    view, _ = _numbers_by_name(make_module({"x": ((2, 8), F32)}, body))
+    view, nodes = _view(make_module({"x": ((2, 8), F32)}, body))
     assert [node.op for node in view.graph.nodes] == ["Var", "clip", "DataflowVar"]  # x, clip, output alias
-    assert view.arg_positions[1] == (0,)
+    assert view.arg_positions[nodes["clipped"]] == (0,)

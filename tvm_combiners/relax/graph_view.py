@@ -32,10 +32,10 @@ def items(array: Any) -> list[Any]:
     return [_ARRAY_ITEM(array, i) for i in range(_ARRAY_SIZE(array))]
 
 
-def dims_of(ty: Any, cache: dict[int, Any] | None = None) -> tuple[Dim, ...] | None:
+def dims_of(ty: Any, shapes: dict[int, tuple[Any, tuple[Dim, ...]]]) -> tuple[Dim, ...] | None:
     """Static ints and :class:`SymDim` for a tensor type, or None when the shape is unknown.
 
-    ``cache`` maps shape handles to (shape, dims): ops that keep their input's shape share its
+    ``shapes`` maps shape handles to (shape, dims): ops that keep their input's shape share its
     ``ShapeExpr``, so a graph of thousands of tensors often has only a few hundred shapes.
     """
     if not isinstance(ty, relax.TensorType):
@@ -44,12 +44,10 @@ def dims_of(ty: Any, cache: dict[int, Any] | None = None) -> tuple[Dim, ...] | N
     if not isinstance(shape, relax.ShapeExpr):
         return None
     handle = shape.__chandle__()
-    if cache is not None and handle in cache:
-        return cache[handle][1]
-    dims = tuple(int(v.value) if isinstance(v, tvm.tirx.IntImm) else SymDim(v) for v in items(shape.values))
-    if cache is not None:
-        cache[handle] = shape, dims  # the shape stays referenced: its address is not reused meanwhile
-    return dims
+    if handle not in shapes:  # the shape stays referenced: its address is not reused meanwhile
+        shapes[handle] = shape, tuple(int(v.value) if isinstance(v, tvm.tirx.IntImm) else SymDim(v)
+                                      for v in items(shape.values))
+    return shapes[handle][1]
 
 
 def dtype_of(ty: Any) -> str | None:
@@ -93,7 +91,7 @@ def build_block_view(block: relax.DataflowBlock) -> BlockView:
     bindings: list[Any] = []
     view = BlockView(graph, bindings)
     index: dict[int, int] = {}
-    shapes: dict[int, Any] = {}
+    shapes: dict[int, tuple[Any, tuple[Dim, ...]]] = {}
 
     def leaf(expr: Any) -> int:
         handle = expr.__chandle__()
