@@ -154,3 +154,17 @@ def test_combined_modules_compile_for_cuda_and_run_where_a_gpu_exists():
     want = run_vm(compile_module(mod, "llvm"), inputs)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, atol=1e-3)
+
+
+def test_int8_parameter_kernels_of_different_sizes_are_padded_in_the_graph():
+    """Kernels that are parameters are zero-padded at run time: an int8 pad, int32 accumulation."""
+    def body(bb, x, w3, w1):
+        return [bb.emit(R.nn.conv2d(x, w3, padding=1, out_dtype="int32")),
+                bb.emit(R.nn.conv2d(x, w1, padding=0, out_dtype="int32"))]
+
+    mod = make_module({"x": ((1, 3, 6, 6), "int8"), "w3": ((2, 3, 3, 3), "int8"), "w1": ((4, 3, 1, 1), "int8")}, body)
+    new = CombineParallelConv2D()(mod)
+    assert ops(mod, "nn.conv2d") == 2 and ops(new, "nn.conv2d") == 1 and ops(new, "nn.pad") == 1
+    rng = np.random.default_rng(0)
+    inputs = [rng.integers(-5, 5, shape).astype("int8") for shape in ((1, 3, 6, 6), (2, 3, 3, 3), (4, 3, 1, 1))]
+    assert_same_outputs(mod, new, inputs, atol=0)

@@ -88,6 +88,20 @@ def test_conv2d_different_kernels_bias_relu():
     assert_same_outputs(mod, new, random_inputs(mod), atol=1e-4)
 
 
+def test_eight_bit_convolutions_are_left_alone():
+    """TVM 0.16's x86 int8 conv2d miscompiles shapes a combination creates (see graph_view.EIGHT_BIT)."""
+    for dtype in ("int8", "uint8"):
+        x = relay.var("x", shape=(1, 3, 6, 6), dtype=dtype)
+        w3, w1 = relay.var("w3", shape=(2, 3, 3, 3), dtype="int8"), relay.var("w1", shape=(4, 3, 1, 1), dtype="int8")
+        w1b = relay.var("w1b", shape=(4, 3, 1, 1), dtype="int8")
+        outs = [relay.nn.conv2d(x, w3, padding=(1, 1), kernel_size=(3, 3), channels=2, out_dtype="int32"),
+                relay.nn.conv2d(x, w1, kernel_size=(1, 1), channels=4, out_dtype="int32"),
+                relay.nn.conv2d(x, w1b, kernel_size=(1, 1), channels=4, out_dtype="int32")]
+        mod = make_module(outs, [x, w3, w1, w1b])
+        for make in (CombineParallelConv2D, CombineParallelOps):
+            assert unchanged(mod, make()(mod)), (dtype, make.__name__)
+
+
 def test_conv2d_nhwc():
     x = relay.var("x", shape=(1, 9, 9, 3))
     outs = [relay.nn.conv2d(x, const((k, k, 3, c), i), padding=(k // 2, k // 2), data_layout="NHWC",
