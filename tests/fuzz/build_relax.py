@@ -14,6 +14,8 @@ R = relax.op
 #: Relax op counted per family (to check a family's pass never touches another family's roots).
 ROOT_OPS = {"matmul": "matmul", "batch_matmul": "matmul", "conv2d": "nn.conv2d"}
 CAST_TO = {"float32": "float16", "float16": "float32", "int32": "float32"}
+#: Roots over 8-bit operands accumulate in int32 (as quantized models do); followers then see int32.
+WIDENED = {"int8": "int32"}
 UNARY = {"relu": R.nn.relu, "sigmoid": R.sigmoid, "tanh": R.tanh, "gelu": R.nn.gelu, "silu": R.nn.silu,
          "negative": R.negative, "abs": R.abs, "square": R.square}
 BINARY = {"add": R.add, "subtract": R.subtract, "multiply": R.multiply, "maximum": R.maximum,
@@ -153,14 +155,17 @@ class _GraphBuilder:
             data = self.source(br.source)
             w = self.weight(family, br.width, br.kernel, br.weight, br.transposed)
             if br.dep is not None:
-                prev = finals[br.dep]
-                w = bb.emit(R.add(w, bb.emit(R.astype(bb.emit(R.max(prev)), spec.dtype))))
+                shift = bb.emit(R.max(finals[br.dep]))
+                if spec.dtype == "int8":  # int8 weights stay far from overflow
+                    shift = bb.emit(R.clip(shift, -3, 3))
+                w = bb.emit(R.add(w, bb.emit(R.astype(shift, spec.dtype))))
+            out_dtype = WIDENED.get(spec.dtype)
             if family == "conv2d":
                 kernel_layout = "OIHW" if spec.layout == "NCHW" else "HWIO"
                 y = bb.emit(R.nn.conv2d(data, w, strides=spec.stride, padding=br.kernel // 2,
-                                        data_layout=spec.layout, kernel_layout=kernel_layout))
+                                        data_layout=spec.layout, kernel_layout=kernel_layout, out_dtype=out_dtype))
             else:
-                y = bb.emit(R.matmul(data, w))
+                y = bb.emit(R.matmul(data, w, out_dtype=out_dtype))
             if br.out_root:
                 outs.append(y)
             for j, f in enumerate(br.followers):

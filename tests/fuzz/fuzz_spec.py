@@ -153,7 +153,7 @@ def followers(draw, ir: str, dtype: str, family: str) -> Follower:
 @st.composite
 def graph_specs(draw, ir: str, families: tuple[str, ...], dtypes: tuple[str, ...]) -> GraphSpec:
     dtype = draw(st.sampled_from(dtypes))
-    allowed = [f for f in families if f != "conv2d" or _floaty(dtype)] or ["matmul"]
+    allowed = [f for f in families if f != "conv2d" or _floaty(dtype) or dtype == "int8"] or ["matmul"]
     n_sources = draw(st.sampled_from([1, 2, 2, 3]))  # few sources: more branches share one
     sources: list[Source] = []
     for _ in range(n_sources):

@@ -50,7 +50,7 @@ MIX = {
     "conv2d": ("conv2d",) * 4 + ("matmul",),
     "ops": FAMILIES,
 }
-DTYPES = ("float32", "float32", "float16", "int32")
+DTYPES = ("float32", "float32", "float16", "int32", "int8")
 #: The small slice ``make test`` runs per pass (derandomized); ``FUZZ_EXAMPLES`` scales it.
 CI_EXAMPLES = 10
 
