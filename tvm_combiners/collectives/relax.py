@@ -28,6 +28,7 @@ from tvm.relax.utils import convert_to_expr
 
 from . import spec as S
 from .builders import IRAdapter, make_builders
+from .dependences import UnitAccess, unit_dependences
 from .ordering import OrderNode, OrderPlan, SendRecvOrderError, is_deadlock_free, plan_send_recv_order
 
 __all__ = [
@@ -243,6 +244,67 @@ def _units(body: relax.SeqExpr) -> list[tuple[Any, bool]]:
     return out
 
 
+_IN_PLACE = {"relax.call_tir_inplace": lambda call: list(call.args[1].fields),
+             "relax.call_inplace_packed": lambda call: list(call.args[1:])}
+
+
+_TYPED = (relax.Var, relax.ShapeExpr, relax.Call)
+
+
+def _binding_access(binding: Any, known_effects: bool) -> tuple[list, list, list, list]:
+    """(reads, defines, writes, aliases) of one binding; see :func:`unit_access`."""
+    value = binding.value
+    reads: list = list(relax.analysis.free_vars(value))
+    writes: list = []
+
+    def visit(e: Any) -> None:
+        ty = getattr(e, "ty", None) if isinstance(e, _TYPED) else None
+        if ty is not None and type(ty) is not ir.Type:  # the bare base class: an unset (missing) type
+            reads.extend(relax.analysis.tir_vars_in_type(ty))  # symbolic dims, as shapes and types name them
+        if isinstance(e, relax.Call) and isinstance(e.op, ir.Op) and e.op.name in _IN_PLACE:
+            args = _IN_PLACE[e.op.name](e)
+            writes.extend(args[int(i)] for i in e.attrs.inplace_indices if int(i) >= 0 and int(i) < len(args))
+
+    relax.analysis.post_order_visit(value, visit)
+    reads.extend(relax.analysis.tir_vars_in_type(binding.var.ty))
+    defines: list = [binding.var]
+    if isinstance(binding, relax.MatchCast):
+        defines.extend(relax.analysis.tir_vars_in_type(binding.ty))  # the first cast naming a dim defines it
+    if not known_effects and relax.analysis.contains_impure_call(value):
+        writes.extend(relax.analysis.free_vars(value))  # an opaque call may write what it is given
+    writes = [w for w in writes if isinstance(w, relax.Var)]
+    aliases = list(writes)
+    if isinstance(value, relax.Var) or (isinstance(value, relax.TupleGetItem) and isinstance(value.tuple_value, relax.Var)):
+        aliases.append(value if isinstance(value, relax.Var) else value.tuple_value)  # another name, same buffer
+    return reads, defines, writes, aliases
+
+
+def unit_access(unit: Any, is_block: bool) -> UnitAccess:
+    """What a unit (a binding, or a whole dataflow block) reads, defines and may write in place.
+
+    Writes: the in-place arguments of ``call_tir_inplace`` / ``call_inplace_packed``, and every
+    variable an impure call other than our collectives and ``R.ccl`` receives.
+    """
+    reads: list = []
+    defines: list = []
+    writes: list = []
+    aliases: list = []
+    for b in unit.bindings if is_block else [unit]:
+        known = info(b.value) is not None or (isinstance(b.value, relax.Call) and isinstance(b.value.op, ir.Op)
+                                              and b.value.op.name.startswith("relax.ccl."))
+        r, d, w, a = _binding_access(b, known)
+        reads.extend(k for k in r if k not in defines)  # a block's own definitions are not reads
+        defines.extend(d)
+        writes.extend(w)
+        aliases.extend(a)
+    return UnitAccess(tuple(reads), tuple(defines), tuple(writes), tuple(aliases))
+
+
+def dependences(units: Sequence[tuple[Any, bool]]) -> list[set[int]]:
+    """Per unit, the earlier units it must follow: reads, symbolic dims, in-place writes."""
+    return unit_dependences([unit_access(u, b) for u, b in units])
+
+
 def _payload(ty: Any) -> tuple[tuple[int, ...], str] | None:
     dims, dtype = _dims(ty)
     if dims is None or dtype is None or not all(isinstance(d, int) for d in dims):
@@ -262,17 +324,9 @@ def _nested_p2p(value: relax.Expr) -> bool:
 
 
 def _order_nodes(units: list[tuple[Any, bool]], where: str) -> list[OrderNode]:
-    defined: dict[Any, int] = {}
     nodes: list[OrderNode] = []
-    for i, (unit, is_block) in enumerate(units):
-        if is_block:
-            values = [b.value for b in unit.bindings]
-            own = {b.var for b in unit.bindings}
-            out_vars = [b.var for b in unit.bindings]
-        else:
-            values, own, out_vars = [unit.value], set(), [unit.var]
-        deps = sorted({defined[v] for val in values for v in relax.analysis.free_vars(val) if v not in own and v in defined})
-        node = OrderNode("other", tuple(deps))
+    for (unit, is_block), deps in zip(units, dependences(units)):
+        node = OrderNode("other", tuple(sorted(deps)))
         if not is_block:
             spec = info(unit.value)
             if spec is not None and spec.kind == "send":
@@ -289,8 +343,6 @@ def _order_nodes(units: list[tuple[Any, bool]], where: str) -> list[OrderNode]:
                     )
                 node = OrderNode("effect", node.deps)
         nodes.append(node)
-        for v in out_vars:
-            defined[v] = i
     return nodes
 
 

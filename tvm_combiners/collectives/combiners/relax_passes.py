@@ -7,9 +7,10 @@ Two levels per function:
 - each dataflow block, where TVM's pure ``R.ccl.allreduce``/``R.ccl.allgather`` may sit (they may
   also sit outside, and then combine at the first level).
 
-A unit's dependencies are the variables it reads; a recv also waits for the send it is matched
-with (OrderSendRecv runs first, so that send comes earlier); an impure call we do not know is a
-barrier (nothing moves across it). The region is re-emitted in the contracted order the planner
+A unit's dependencies are the variables and symbolic dims it reads, plus the order an in-place
+write imposes on the readers of its buffer (:mod:`..dependences`); a recv also waits for the send
+it is matched with, whichever families combine (OrderSendRecv runs first, so that send comes
+earlier); an impure call we do not know is a barrier (nothing moves across it). The region is re-emitted in the contracted order the planner
 returns. A combined group is: one pack kernel (``call_tir``), the collective on the flat buffer,
 one unpack kernel whose outputs are bound to the members' original variables (so users are
 untouched).
@@ -34,7 +35,7 @@ from tvm import ir, relax
 
 from ...core.graph import Graph
 from .. import spec as S
-from ..ordering import OrderNode, plan_send_recv_order
+from ..ordering import OrderNode, SendRecvOrderError, plan_send_recv_order
 from . import tir_kernels
 from .factories import pass_factories
 from .keys import (
@@ -138,14 +139,10 @@ class _FunctionCombiner:
     def combine_units(self, units: list[tuple[Any, bool]], dataflow: bool) -> tuple[list[tuple[Any, bool]], bool]:
         """Re-emit one region; ``units``: (binding, False) or (dataflow block, True)."""
         graph = Graph()
-        defined: dict[Any, int] = {}
         ops: list[_Op | None] = []
         barrier: int | None = None
         since_barrier: list[int] = []
-        for i, (unit, is_block) in enumerate(units):
-            bindings = list(unit.bindings) if is_block else [unit]
-            own = {b.var for b in bindings}
-            deps = {defined[v] for b in bindings for v in relax.analysis.free_vars(b.value) if v not in own and v in defined}
+        for i, ((unit, is_block), deps) in enumerate(zip(units, CR.dependences(units))):
             op = None if is_block else _classify(unit, self.opts)
             if op is not None and not _enabled(op, self.opts):
                 op = None
@@ -163,9 +160,9 @@ class _FunctionCombiner:
             shape, dtype = (op.shape, op.dtype) if op is not None else (None, None)
             graph.add(op="unit", operands=(), deps=tuple(sorted(deps)), shape=shape, dtype=dtype)
             ops.append(op)
-            for b in bindings:
-                defined[b.var] = i
-        transfers = self._match(graph, ops) if not dataflow else []
+        transfers = self._match(graph, units, ops) if not dataflow else []
+        if transfers is None:
+            return units, False
         keys = [op.key if op is not None and op.family not in ("send", "recv") else None for op in ops]
         plan = plan_region(graph, keys, transfers, self.opts.threshold_bytes, self.opts.threshold_count, self.cap)
         if not plan.changed:
@@ -192,25 +189,33 @@ class _FunctionCombiner:
             out.extend((b, False) for b in new)
         return out, True
 
-    def _match(self, graph: Graph, ops: list[_Op | None]) -> list[tuple[int, int, Hashable]]:
-        """Matched (send, recv, key) in program order; adds the edge send -> recv to the graph."""
-        if not any(op is not None and op.family in ("send", "recv") for op in ops):
+    def _match(self, graph: Graph, units: list[tuple[Any, bool]],
+               ops: list[_Op | None]) -> list[tuple[int, int, Hashable]] | None:
+        """Adds the edge send -> recv of every matched transfer to the graph, whichever families
+        combine (a collective must not move across a transfer it waits on); returns the matches
+        this pass may combine as (send, recv, key), in program order. None: transfers that do not
+        match, or a recv before its send (OrderSendRecv's to fix or report): change nothing."""
+        specs = [CR.info(unit.value) if not is_block else None for unit, is_block in units]
+        if not any(spec is not None and spec.kind in S.P2P_KINDS for spec in specs):
             return []
         nodes = []
-        for node, op in zip(graph.nodes, ops):
-            if op is not None and op.family in ("send", "recv"):
-                assert op.spec is not None
-                nodes.append(OrderNode(op.family, node.deps, op.spec.channel_id, op.spec.pairs, (op.shape, op.dtype)))
+        for node, spec in zip(graph.nodes, specs):
+            if spec is not None and spec.kind in S.P2P_KINDS:
+                nodes.append(OrderNode(spec.kind, node.deps, spec.channel_id, spec.pairs))
             else:
                 nodes.append(OrderNode("other", node.deps))
-        plan = plan_send_recv_order(nodes, "combiner")
+        try:
+            plan = plan_send_recv_order(nodes, "combiner")
+        except SendRecvOrderError:
+            return None
         out = []
         for s, r in plan.matches:
             if s > r:
-                return []  # not in a deadlock-free order: leave transfers alone
+                return None
             node = graph[r]
             node.deps = tuple(sorted({*node.deps, s}))
-            out.append((s, r, ops[s].key))  # type: ignore[union-attr]
+            if ops[s] is not None and ops[r] is not None:
+                out.append((s, r, ops[s].key))  # type: ignore[union-attr]
         return sorted(out)
 
     # ------------------------------------------------------------------ emission
