@@ -74,9 +74,8 @@ def reject_unrunnable(spec: ModuleSpec, why: str) -> None:
 
     Known case, over a ``?`` dim: the VM fuses ops (``batch_matmul`` with ``where``; ``reshape``,
     ``add``, ``reshape``) into a PrimFunc that uses ``any_dim`` without taking it as an argument,
-    and the build fails. (``nn.matmul(transpose_a=True)`` over
-    ``?`` rows ran with wrong shapes, failed broadcast checks or aborted the VM; the generator no
-    longer builds it.)
+    and the build fails. (``nn.matmul(transpose_a=True)`` over ``?`` rows ran with wrong shapes,
+    failed broadcast checks or aborted the VM; the generator no longer builds it.)
     """
     fuzz_stats.record("relay", "unrunnable reference", spec.count(), False)
     if currently_in_test_context():
