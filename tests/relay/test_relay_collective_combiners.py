@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tvm
 from tvm import relay
+from tvm.relay.loops import while_loop
 
 import tvm_combiners.collectives.runtime  # noqa: F401 - registers the runtime functions
 from tvm_combiners.collectives import relay as C
@@ -174,3 +175,113 @@ def test_random_dags_keep_results_one_rank(seed):
         new = CB.CombineCollectives(combine_by_dim=False, **kw)(mod)
         assert all(_count(new, k) <= _count(mod, k) for k in ("allreduce", "allgather", "reduce_scatter", "send"))
         _same_results(mod, new, params)
+
+
+# --------------------------------------------------------------------------- scopes: branches, closures, lets, loops
+
+
+def _vm(mod, args):
+    """Outputs of the Relay VM (the graph executor has no control flow), after OrderSendRecv."""
+    with tvm.transform.PassContext(opt_level=3):
+        exe = relay.vm.compile(C.OrderSendRecv()(mod), target=P.TARGET)
+    out = tvm.runtime.vm.VirtualMachine(exe, tvm.cpu()).invoke("main", *[tvm.nd.array(a) for a in args])
+    flat = lambda v: [v.numpy()] if hasattr(v, "numpy") else [a for x in v for a in flat(x)]  # noqa: E731
+    return flat(out)
+
+
+def _same_vm_results(before, after, args):
+    for a, b in zip(_vm(before, args), _vm(after, args), strict=True):
+        np.testing.assert_array_equal(b, a)
+
+
+def _count_all(mod, kind) -> int:
+    """Collectives of ``kind`` anywhere in main, branches and closures included."""
+    return mod.astext().count(f"collectives.{kind}(")
+
+
+def test_if_branch_collectives_stay_in_their_branch():
+    """An allreduce in a branch runs on the ranks that take it: merged with one outside, it would
+    run (with other operands) on every rank. Only the two top-level ones combine."""
+    mod, _ = P.branches_module()
+    new, reports = _reports(CB.AllReduceCombiner, mod)
+    assert [r.num_ops for r in reports] == [2] and _count_all(new, "allreduce") == 3
+    branch = new["main"].body.fields[0]
+    assert isinstance(branch, relay.If) and C.is_collective(branch.true_branch) and C.is_collective(branch.false_branch)
+    for cond in (True, False):
+        _same_vm_results(mod, new, P.branches_inputs(0, cond))
+
+
+def test_closure_collective_not_combined_with_outside():
+    x, z, w, p = (relay.var(n, shape=(3,), dtype="float32") for n in ("x", "z", "w", "p"))
+    local = relay.Function([p], C.allreduce(p))
+    mod = relay.transform.InferType()(tvm.IRModule.from_expr(
+        relay.Function([x, z, w], relay.Tuple([relay.Call(local, [x]), C.allreduce(z), C.allreduce(w)]))))
+    new, reports = _reports(CB.AllReduceCombiner, mod)
+    assert [r.num_ops for r in reports] == [2] and _count_all(new, "allreduce") == 2  # z and w; the closure's stays
+    assert len(relay.analysis.free_vars(new["main"])) == 0
+    _same_vm_results(mod, new, [np.arange(3, dtype="float32") + k for k in range(3)])
+    alone = _mod([x, z], [relay.Call(local, [x]), C.allreduce(z)])
+    assert CB.CombineCollectives()(alone).same_as(alone)
+
+
+def test_let_form_combines_only_where_every_operand_is_in_scope():
+    x = relay.var("x", shape=(3,), dtype="float32")
+    a, b, z = relay.var("a"), relay.var("b"), relay.var("z", shape=(3,), dtype="float32")
+    # z is bound after the first allreduce: one op for both would read z before its binding
+    late = relay.Let(a, C.allreduce(x), relay.Let(z, relay.multiply(x, relay.const(2.0)),
+                                                  relay.Let(b, C.allreduce(z), relay.Tuple([a, b]))))
+    late_mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], late)))
+    assert CB.CombineCollectives()(late_mod).same_as(late_mod)
+    u, v = relay.var("u", shape=(3,), dtype="float32"), relay.var("v", shape=(3,), dtype="float32")
+    early = relay.Let(u, relay.multiply(x, relay.const(2.0)), relay.Let(v, relay.add(x, relay.const(1.0)),
+                                                                       relay.Tuple([C.allreduce(u), C.allreduce(v)])))
+    early_mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], early)))
+    new, reports = _reports(CB.AllReduceCombiner, early_mod)
+    assert [r.num_ops for r in reports] == [2] and _count_all(new, "allreduce") == 1
+    for m in (late_mod, early_mod):
+        _same_vm_results(m, CB.CombineCollectives()(m), [np.arange(3, dtype="float32")])
+
+
+def _loop_module(with_collectives: bool) -> tvm.IRModule:
+    x, z, w = (relay.var(n, shape=(3,), dtype="float32") for n in ("x", "z", "w"))
+    i, acc = relay.var("i", shape=(), dtype="int32"), relay.var("acc", shape=(3,), dtype="float32")
+    step = (lambda a: C.allreduce(relay.add(a, relay.const(1.0)))) if with_collectives else (lambda a: relay.add(a, a))
+    loop = while_loop(lambda i, acc: relay.less(i, relay.const(3)), [i, acc],
+                      lambda i, acc: [relay.add(i, relay.const(1)), step(acc)])
+    outs = [relay.TupleGetItem(loop(relay.const(0), x), 1)]
+    if with_collectives:
+        outs += [C.allreduce(z), C.allreduce(w)]
+    return _mod([x, z, w], outs)
+
+
+def test_while_loop_modules():
+    plain = _loop_module(False)
+    for name in ("AllReduceCombiner", "AllGatherCombiner", "ReduceScatterCombiner", "SendRecvCombiner", "CombineCollectives"):
+        assert getattr(CB, name)()(plain).same_as(plain), name
+    assert C.OrderSendRecv()(plain).same_as(plain)
+    mod = _loop_module(True)
+    new, reports = _reports(CB.AllReduceCombiner, mod)
+    assert [r.num_ops for r in reports] == [2] and _count_all(new, "allreduce") == 2  # z and w; the loop's stays
+    _same_vm_results(mod, new, [np.zeros(3, "float32"), np.ones(3, "float32"), np.full(3, 2.0, "float32")])
+
+
+@pytest.mark.parametrize("factory", [CB.AllReduceCombiner, CB.CombineCollectives])
+def test_match_edge_constrains_every_combiner(factory):
+    """``b`` reads a recv that waits for the send of ``a``: one op for both would wait for itself."""
+    x = relay.var("x", shape=(4,), dtype="float32")
+    a = C.allreduce(x)
+    t = C.send(a, [[0, 0]], channel_id=0)
+    r = C.recv((4,), "float32", [[0, 0]], channel_id=0)  # matched by channel only, not by token
+    mod = _mod([x], [a, C.allreduce(r), t])
+    new, reports = _reports(factory, mod)
+    assert reports == [] and new.same_as(mod)
+    C.OrderSendRecv()(new)
+
+
+def test_if_branch_collectives_on_2_ranks(tmp_path):
+    """Rank-dependent condition: each rank allreduces x or y in its branch, then z and w (combined)."""
+    cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "2", "--timeout", "120",
+           "--", sys.executable, str(PROG), str(tmp_path), "branches"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert [json.loads((tmp_path / f"rank{r}.json").read_text())["checks"] for r in range(2)] == [8, 8]

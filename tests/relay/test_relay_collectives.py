@@ -12,6 +12,7 @@ import pytest
 import tvm
 from tvm import relay
 from tvm.contrib import graph_executor
+from tvm.relay.loops import while_loop
 
 from tvm_combiners.collectives import relay as C
 from tvm_combiners.collectives import selfcheck
@@ -230,6 +231,55 @@ def test_ordering_errors():
     mismatch = module(relay.Tuple([C.recv((4,), "int32", p), C.send(x, p)]), [x])
     with pytest.raises(SendRecvOrderError, match=re.escape("moves shape (4,) float32 but its recv expects shape (4,) int32")):
         C.OrderSendRecv()(mismatch)
+
+
+def _loop(step):
+    i, acc = var((), "int32", "i"), var((4,), name="acc")
+    return while_loop(lambda i, acc: relay.less(i, relay.const(2)), [i, acc], lambda i, acc: [relay.add(i, relay.const(1)), step(acc)])
+
+
+def test_order_send_recv_beside_a_while_loop(mock_runtime):
+    x = var((4,))
+    plain = module(relay.TupleGetItem(_loop(lambda a: relay.add(a, a))(relay.const(0), x), 1), [x])
+    assert C.OrderSendRecv()(plain).same_as(plain)
+    p = [[0, 0]]
+    y = C.recv((4,), "float32", p, channel_id=0)  # reached first by the post-order
+    t = C.send(x, p, channel_id=0)
+    mod = module(relay.Tuple([relay.TupleGetItem(_loop(lambda a: relay.add(a, a))(relay.const(0), x), 1), y, t]), [x])
+    ordered = C.OrderSendRecv()(mod)
+    assert ordered.astext().count("collectives.after_all(") == 1
+    with tvm.transform.PassContext(opt_level=3):
+        vm = relay.create_executor("vm", mod=ordered, target=TARGET, device=tvm.cpu()).evaluate()
+    vm(x=np.ones(4, "float32"))
+    assert [n for n, _ in mock_runtime] == ["send", "recv"]
+
+
+def test_order_send_recv_refuses_transfers_it_cannot_order():
+    x, c, q = var((4,)), var((), "bool", "c"), var((4,), name="q")
+    p = [[0, 0]]
+
+    def transfer(v, channel=0):
+        return C.recv((4,), "float32", p, channel_id=channel, token=C.send(v, p, channel_id=channel))
+
+    where = {
+        "an if/else branch": relay.If(c, transfer(x), x),
+        "a local function (a closure or a relay.loops.while_loop body)": relay.Call(relay.Function([q], transfer(q)), [x]),
+    }
+    loop = relay.TupleGetItem(_loop(transfer)(relay.const(0), x), 1)
+    for what, body in [*where.items(), ("a local function (a closure or a relay.loops.while_loop body)", loop)]:
+        mod = module(relay.Tuple([body, transfer(x, 1)]), [c, x])
+        with pytest.raises(SendRecvOrderError, match="^" + re.escape(
+                f"OrderSendRecv: function 'main' has a send or recv inside {what}, where it cannot be ordered; sends and "
+                "recvs must be evaluated unconditionally in the function itself (move the transfer out, or the code "
+                "into its own global function)") + "$"):
+            C.OrderSendRecv()(mod)
+    # let form: the send reads y, bound after the recv it must run before
+    r, y, t = var((4,), name="r"), var((4,), name="y"), var((), "int32", "t")
+    body = relay.Let(r, C.recv((4,), "float32", p), relay.Let(y, relay.add(x, x), relay.Let(t, C.send(y, p), relay.Tuple([r, t]))))
+    with pytest.raises(SendRecvOrderError, match="^" + re.escape(
+            "OrderSendRecv: in function 'main', a send on channel_id 0 reads let variable(s) y, bound where the recv "
+            "it must run before cannot see them; bind the send first") + "$"):
+        C.OrderSendRecv()(module(body, [x]))
 
 
 # --------------------------------------------------------------------------- N ranks

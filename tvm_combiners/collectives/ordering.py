@@ -161,6 +161,18 @@ def _topological(preds: list[set[int]], users: list[list[int]], priority: list[i
     return order
 
 
+def index_order(deps: Sequence[Sequence[int]]) -> list[int] | None:
+    """A topological order of units with ``deps`` (any indices), lowest ready index first: the
+    program order wherever the dependences allow it. None on a cycle."""
+    preds = [set(d) for d in deps]
+    users: list[list[int]] = [[] for _ in preds]
+    for i, p in enumerate(preds):
+        for d in p:
+            users[d].append(i)
+    order = _topological(preds, users, list(range(len(preds))))
+    return order if len(order) == len(preds) else None
+
+
 def is_deadlock_free(plan: OrderPlan) -> bool:
     """Whether the program order (indices ascending) already runs every matched send first."""
     return all(s < r for s, r in plan.matches)

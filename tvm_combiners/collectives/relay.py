@@ -15,11 +15,13 @@ graph, but are never handed to the runtime.
 
 Deadlock freedom: apply :func:`OrderSendRecv` to the module before ``relay.build`` (Relay has no
 hook for user passes in its build). It adds token edges so every send runs before the recv it is
-matched with, whatever order the executor picks.
+matched with, whatever order the executor picks. Sends and recvs must be evaluated unconditionally
+in the function (not in an if branch, a closure or a loop): elsewhere the pass refuses them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,7 +32,7 @@ from tvm.relay.op.strategy.generic import wrap_topi_schedule
 
 from . import spec as S
 from .builders import IRAdapter, make_builders
-from .ordering import OrderNode, SendRecvOrderError, plan_send_recv_order
+from .ordering import OrderNode, SendRecvOrderError, index_order, plan_send_recv_order
 
 __all__ = [
     "allreduce",
@@ -199,36 +201,148 @@ def is_collective(expr: Any, kinds: Sequence[str] = S.KINDS) -> bool:
     return spec is not None and spec.kind in kinds
 
 
-# --------------------------------------------------------------------------- ordering pass
+# --------------------------------------------------------------------------- the function's top-level region
 
 
-def _graph(body: relay.Expr) -> tuple[list[relay.Expr], list[OrderNode]]:
-    """Post-order nodes of a dataflow body (the order Relay's executors use) and their order view."""
-    exprs: list[relay.Expr] = []
-    relay.analysis.post_order_visit(body, exprs.append)
-    index = {e: i for i, e in enumerate(exprs)}
+_BRANCH = "an if/else branch"
+_CLOSURE = "a local function (a closure or a relay.loops.while_loop body)"
+_OTHER = "a match clause or reference expression"
+
+
+@dataclasses.dataclass
+class _Region:
+    """The expressions a function evaluates unconditionally, in an order the executors may run them.
+
+    Relay evaluates an expression in the innermost scope (let body, if branch, function body) that
+    holds all its uses. Only expressions that some path from the function body reaches without
+    entering an if branch or a function body are here: a collective inside a branch runs on some
+    ranks only, one inside a closure or loop runs when (and as often as) it is called, so neither
+    may be merged with, or ordered against, anything outside it. Such an if/function/match node is
+    one opaque node here, reading whatever region expressions it refers to inside.
+    """
+
+    exprs: list[relay.Expr]  #: topological (deps first), as close to Relay's post-order as it allows
+    deps: list[tuple[int, ...]]
+    index: dict[relay.Expr, int]
+    #: Let variables in scope wherever the expression sits (the intersection over its uses).
+    scopes: list[frozenset[relay.Var]]
+    let_vars: frozenset[relay.Var]
+    #: Opaque nodes holding collectives: node -> what it is (``_BRANCH``, ``_CLOSURE``, ``_OTHER``).
+    nested: dict[int, str]
+    #: What holds the first send or recv out of the region's reach, None if none does.
+    nested_p2p: str | None
+
+    def needs(self, exprs: Sequence[relay.Expr]) -> frozenset[relay.Var]:
+        """Let variables ``exprs`` read: where an expression moves, those must stay in scope."""
+        out: set[relay.Var] = set()
+        if not self.let_vars:
+            return frozenset()  # graph form: every expression is in scope everywhere
+        for e in exprs:
+            out.update(v for v in relay.analysis.free_vars(e) if v in self.let_vars)
+        return frozenset(out)
+
+    def visible_at(self, members: Sequence[int]) -> frozenset[relay.Var]:
+        """Let variables in scope where one expression shared by ``members`` would sit (their common scope)."""
+        return frozenset.intersection(*(self.scopes[m] for m in members))
+
+
+def _direct(e: relay.Expr) -> tuple[list[tuple[relay.Expr, relay.Var | None]], str | None]:
+    """Operands evaluated with ``e`` (and the let variable each one's scope adds), and what ``e``
+    is when it opens scopes the region does not enter (None where it opens none)."""
+    if isinstance(e, relay.Call):
+        return [(a, None) for a in e.args] + ([] if isinstance(e.op, tvm.ir.Op) else [(e.op, None)]), None
+    if isinstance(e, relay.Tuple):
+        return [(f, None) for f in e.fields], None
+    if isinstance(e, relay.TupleGetItem):
+        return [(e.tuple_value, None)], None
+    if isinstance(e, relay.Let):
+        return [(e.value, None), (e.body, e.var)], None
+    if isinstance(e, relay.If):
+        return [(e.cond, None)], _BRANCH
+    if isinstance(e, relay.Function):
+        return [], _CLOSURE
+    if isinstance(e, (relay.Var, relay.Constant, relay.GlobalVar, tvm.ir.Op, relay.Constructor)):
+        return [], None
+    return [], _OTHER
+
+
+def region(body: relay.Expr) -> _Region | None:
+    """The top-level region of a function body; None where its dependences form a cycle (a let
+    variable read by its own value other than through a function): nothing is then provable."""
+    post: list[relay.Expr] = []
+    relay.analysis.post_order_visit(body, post.append)  # the executors' order, the tie-breaker
+    members: set[relay.Expr] = set()
     bound: dict[relay.Var, relay.Expr] = {}
-    for e in exprs:
+    stack = [body]
+    while stack:
+        e = stack.pop()
+        if e in members:
+            continue
+        members.add(e)
         if isinstance(e, relay.Let):
             bound[e.var] = e.value
+        stack.extend(k for k, _ in _direct(e)[0])
+    exprs = [e for e in post if e in members]
+    pos = {e: i for i, e in enumerate(exprs)}
+    kids: list[list[tuple[int, relay.Var | None]]] = []
+    inner: list[list[int]] = []  # region expressions an opaque node refers to inside
+    deps: list[set[int]] = []
+    nested: dict[int, str] = {}
+    nested_p2p: str | None = None
+    for i, e in enumerate(exprs):
+        direct, opaque = _direct(e)
+        kids.append([(pos[k], v) for k, v in direct])
+        d = {pos[k] for k, _ in direct}
+        if isinstance(e, relay.Var) and e in bound:
+            d.add(pos[bound[e]])
+        hits: set[int] = set()
+        if opaque is not None:
+            seen: list[relay.Expr] = []
+            relay.analysis.post_order_visit(e, seen.append)
+            for x in seen:
+                if isinstance(x, relay.Var) and x in bound and bound[x].same_as(e):
+                    continue  # a recursive function calling itself (a loop): no dependence
+                if x in pos:
+                    hits.add(pos[x])
+                elif isinstance(x, relay.Var) and x in bound:
+                    d.add(pos[bound[x]])
+                spec = info(x) if x not in pos else None
+                if spec is not None:
+                    nested[i] = opaque
+                    if spec.kind in S.P2P_KINDS and nested_p2p is None:
+                        nested_p2p = opaque
+            d |= hits
+        d.discard(i)
+        hits.discard(i)
+        inner.append(sorted(hits))
+        deps.append(d)
+    order = index_order([sorted(d) for d in deps])
+    if order is None:
+        return None
+    new = {old: k for k, old in enumerate(order)}
+    scopes: list[frozenset[relay.Var] | None] = [None] * len(exprs)
+    scopes[pos[body]] = frozenset()
+    for u in reversed(order):  # users before what they use
+        su = scopes[u] or frozenset()
+        uses = [(k, su | {v} if v is not None else su) for k, v in kids[u]] + [(k, su) for k in inner[u]]
+        for k, s in uses:
+            scopes[k] = s if scopes[k] is None else scopes[k] & s
+    return _Region(
+        exprs=[exprs[i] for i in order],
+        deps=[tuple(sorted(new[d] for d in deps[i])) for i in order],
+        index={exprs[i]: k for k, i in enumerate(order)},
+        scopes=[scopes[i] or frozenset() for i in order],
+        let_vars=frozenset(bound),
+        nested={new[i]: what for i, what in nested.items()},
+        nested_p2p=nested_p2p,
+    )
+
+
+def order_nodes(reg: _Region) -> list[OrderNode]:
+    """The order view of a region: its sends and recvs with their channels, pairs and payloads."""
     nodes: list[OrderNode] = []
     reads_recv: list[dict[int, frozenset[int]]] = []  # per node: channel -> ancestor recvs of that channel
-    for e in exprs:
-        if isinstance(e, relay.Call):
-            reads = list(e.args) + ([e.op] if not isinstance(e.op, tvm.ir.Op) else [])
-        elif isinstance(e, relay.Tuple):
-            reads = list(e.fields)
-        elif isinstance(e, relay.TupleGetItem):
-            reads = [e.tuple_value]
-        elif isinstance(e, relay.Let):
-            reads = [e.value, e.body]
-        elif isinstance(e, relay.If):
-            reads = [e.cond, e.true_branch, e.false_branch]
-        elif isinstance(e, relay.Var) and e in bound:
-            reads = [bound[e]]
-        else:
-            reads = []
-        deps = tuple(sorted({index[r] for r in reads if r in index}))
+    for e, deps in zip(reg.exprs, reg.deps):
         spec = info(e)
         seen: dict[int, set[int]] = {}
         for d in deps:
@@ -248,7 +362,7 @@ def _graph(body: relay.Expr) -> tuple[list[relay.Expr], list[OrderNode]]:
         else:
             nodes.append(OrderNode("other", deps))
         reads_recv.append({c: frozenset(v) for c, v in seen.items()})
-    return exprs, nodes
+    return nodes
 
 
 def _ancestors(nodes: Sequence[OrderNode]) -> list[int]:
@@ -259,6 +373,9 @@ def _ancestors(nodes: Sequence[OrderNode]) -> list[int]:
             bits |= out[d] | (1 << d)
         out.append(bits)
     return out
+
+
+# --------------------------------------------------------------------------- ordering pass
 
 
 class _AddTokens(relay.ExprMutator):
@@ -279,26 +396,59 @@ class _AddTokens(relay.ExprMutator):
         return relay.Call(new.op, args, new.attrs, new.type_args, new.span)
 
 
+def _has_p2p(body: relay.Expr) -> bool:
+    found: list[bool] = []
+    relay.analysis.post_order_visit(body, lambda e: found.append(True) if is_collective(e, S.P2P_KINDS) else None)
+    return bool(found)
+
+
 def _order_function(name: str, func: relay.Function) -> relay.Function:
-    exprs, nodes = _graph(func.body)
+    where = f"function '{name}'"
+    reg = region(func.body)
+    if reg is None:
+        if _has_p2p(func.body):
+            raise SendRecvOrderError(
+                f"OrderSendRecv: {where} has a let variable that its own value reads (other than through a "
+                "function), so its sends and recvs cannot be ordered"
+            )
+        return func
+    if reg.nested_p2p is not None:
+        raise SendRecvOrderError(
+            f"OrderSendRecv: {where} has a send or recv inside {reg.nested_p2p}, where it cannot be ordered; sends and "
+            "recvs must be evaluated unconditionally in the function itself (move the transfer out, or the code "
+            "into its own global function)"
+        )
+    nodes = order_nodes(reg)
     if not any(n.kind in S.P2P_KINDS for n in nodes):
         return func
-    where = f"function '{name}'"
+    exprs = reg.exprs
     plan = plan_send_recv_order(nodes, where)
     anc = _ancestors(nodes)
 
     def before(a: int, b: int) -> bool:
         return bool(anc[b] >> a & 1)
 
+    def run_before(a: int, b: int) -> None:
+        """Give ``b`` the token of send ``a``: ``a`` then sits where ``b`` can see it, so must read
+        no let variable out of ``b``'s scope."""
+        lost = reg.needs([exprs[a]]) - reg.scopes[b]
+        if lost:
+            names = ", ".join(sorted(v.name_hint for v in lost))
+            raise SendRecvOrderError(
+                f"OrderSendRecv: in {where}, a send on channel_id {nodes[a].channel_id} reads let variable(s) {names}, "
+                f"bound where the {nodes[b].kind} it must run before cannot see them; bind the send first"
+            )
+        after.setdefault(exprs[b], []).append(exprs[a])
+
     after: dict[relay.Expr, list[relay.Expr]] = {}
     for s, r in plan.matches:
         if not before(s, r):
-            after.setdefault(exprs[r], []).append(exprs[s])
+            run_before(s, r)
     for a, b in plan.chains:
         if before(a, b):
             continue
         if nodes[b].kind == "send":
-            after.setdefault(exprs[b], []).append(exprs[a])
+            run_before(a, b)
         else:
             raise SendRecvOrderError(
                 f"OrderSendRecv: two recvs of channel_id {nodes[b].channel_id} in {where} are not ordered by their "
@@ -316,11 +466,12 @@ def OrderSendRecv() -> tvm.transform.Pass:  # noqa: N802 - a pass factory, named
 
     Sends and recvs of one channel match in the executors' order (post-order). Raises
     :class:`~.ordering.SendRecvOrderError` for a cycle, unmatched counts, mismatched pairs or
-    payload types, or two recvs of one channel that nothing orders.
+    payload types, two recvs of one channel that nothing orders, or a send or recv inside an if
+    branch, a closure or a loop (Relay runs those conditionally or repeatedly: no static match).
     """
 
-    def transform(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        mod = relay.transform.InferType()(mod)
+    def transform(original: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        mod = relay.transform.InferType()(original)
         updates = {}
         for gv, func in mod.functions.items():
             if isinstance(func, relay.Function):
@@ -328,7 +479,7 @@ def OrderSendRecv() -> tvm.transform.Pass:  # noqa: N802 - a pass factory, named
                 if not new.same_as(func):
                     updates[gv] = new
         if not updates:
-            return mod
+            return original  # nothing to order: the module as it came
         new_mod = tvm.IRModule(dict(mod.functions.items()), mod.type_definitions, attrs=mod.attrs)
         for gv, func in updates.items():
             new_mod[gv] = func

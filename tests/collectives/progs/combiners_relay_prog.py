@@ -3,7 +3,8 @@
 Builds Relay functions full of collectives and sends/recvs for this world size, compiles them
 before and after every combiner pass (graph executor, opt_level 3, so packing fuses), runs them
 on this rank and requires bitwise-equal results; a few are also checked against numpy. Writes
-``<out>/rank<R>.json`` with the number of checks. Usage: ``combiners_relay_prog.py OUT_DIR``.
+``<out>/rank<R>.json`` with the number of checks. Usage: ``combiners_relay_prog.py OUT_DIR [branches]``
+(``branches``: only the if/else case, on the Relay VM).
 """
 
 from __future__ import annotations
@@ -71,6 +72,42 @@ CASES = {"collectives": (collectives, ("allreduce", "allgather", "reduce_scatter
          "p2p": (p2p, ("send_recv", "all", "small"))}
 
 
+def branches_module() -> tuple[tvm.IRModule, list[relay.Var]]:
+    """``(if c then allreduce(x) else allreduce(y), allreduce(z), allreduce(w))``."""
+    c = relay.var("c", shape=(), dtype="bool")
+    xs = [relay.var(n, shape=(3,), dtype="float32") for n in ("x", "y", "z", "w")]
+    body = relay.Tuple([relay.If(c, C.allreduce(xs[0]), C.allreduce(xs[1])), C.allreduce(xs[2]), C.allreduce(xs[3])])
+    params = [c, *xs]
+    return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function(params, body))), params
+
+
+def branches_inputs(rank: int, cond: bool) -> list[np.ndarray]:
+    return [np.array(cond), *(np.full(3, (k + 1) * 10 ** k * (rank + 1), "float32") for k in range(4))]
+
+
+def run_vm(mod: tvm.IRModule, args: list[np.ndarray]) -> list[np.ndarray]:
+    with tvm.transform.PassContext(opt_level=3):
+        exe = relay.vm.compile(C.OrderSendRecv()(mod), target=TARGET)
+    out = tvm.runtime.vm.VirtualMachine(exe, tvm.cpu()).invoke("main", *[tvm.nd.array(a) for a in args])
+    return [o.numpy() for o in out]
+
+
+def branches(n: int, rank: int) -> int:
+    """Collectives in if branches under a uniform and a rank-dependent condition, before and after
+    the combiners, against numpy: a branch's allreduce must never be merged with one outside it."""
+    mod, _ = branches_module()
+    checks = 0
+    for cond_of in (lambda r: True, lambda r: r == 0):
+        ins = [branches_inputs(r, cond_of(r)) for r in range(n)]
+        want = [sum(a[1] if a[0] else a[2] for a in ins), sum(a[3] for a in ins), sum(a[4] for a in ins)]
+        for m in (mod, CB.AllReduceCombiner()(mod), CB.CombineCollectives()(mod), CB.AllReduceCombiner(threshold_count=2)(mod)):
+            got = run_vm(m, ins[rank])
+            for g, w in zip(got, want, strict=True):
+                np.testing.assert_array_equal(g, w.astype("float32"), err_msg=f"rank {rank} branches")
+            checks += 1
+    return checks
+
+
 def run(mod: tvm.IRModule, args: list[np.ndarray]) -> list[np.ndarray]:
     with tvm.transform.PassContext(opt_level=3):
         lib = relay.build(C.OrderSendRecv()(mod), target=TARGET)
@@ -81,9 +118,12 @@ def run(mod: tvm.IRModule, args: list[np.ndarray]) -> list[np.ndarray]:
     return [g.get_output(i).numpy() for i in range(g.get_num_outputs())]
 
 
-def main(out: Path) -> None:
+def main(out: Path, only: str | None = None) -> None:
     n, rank = rt.world_size(), rt.rank()
-    checks = 0
+    if only == "branches":
+        (out / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "world_size": n, "checks": branches(n, rank)}))
+        return
+    checks = branches(n, rank)
     for name, (build, passes) in CASES.items():
         xs, params, body = build(n)
         mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function(xs, body)))
@@ -107,4 +147,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None)

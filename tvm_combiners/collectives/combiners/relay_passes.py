@@ -1,8 +1,11 @@
 """Relay adapter of the collective combiners: IR -> neutral graph -> groups -> IR.
 
-Relay is a pure dataflow graph: a function body in post-order (the executors' order) is the
-region, each expression a node reading its operands. Groups come from the same planner as Relax
-(:mod:`.planning`). Packing is plain Relay that ``FuseOps`` turns into one kernel: ``reshape`` /
+The region is what a function evaluates unconditionally (:func:`..relay.region`), in post-order
+(the executors' order), each expression a node reading its operands; an if, closure or loop is one
+opaque node, and one holding collectives is a barrier, as an if is in Relax. A recv also reads the
+send it is matched with, whatever families are enabled. Groups come from the same planner as Relax
+(:mod:`.planning`); in let-form code a group whose combined op would read a let variable out of
+scope is not built. Packing is plain Relay that ``FuseOps`` turns into one kernel: ``reshape`` /
 ``transpose`` of every operand into its block layout (:mod:`.keys`) and one ``concatenate``;
 unpacking is one ``strided_slice`` per result (fused with its reshape and the allgather reorder). ``concatenate`` cannot mix
 dtypes, so in Relay allgathers and transfers of different dtypes stay apart.
@@ -25,7 +28,7 @@ from tvm import relay
 
 from ...core.graph import Graph, ir_dtype_bits
 from .. import spec as S
-from ..ordering import plan_send_recv_order
+from ..ordering import index_order, plan_send_recv_order
 from .factories import pass_factories
 from .keys import (
     PackPlan,
@@ -95,22 +98,6 @@ def _classify(expr: Any, opts: CombinerOptions) -> _Op | None:
 def _family_enabled(op: _Op, opts: CombinerOptions) -> bool:
     family = "send_recv" if op.family in ("send", "recv") else pass_kind_of_key(op.key)
     return family in opts.families
-
-
-def _reads(e: Any, bound: dict) -> list[Any]:
-    if isinstance(e, relay.Call):
-        return list(e.args) + ([e.op] if not isinstance(e.op, tvm.ir.Op) else [])
-    if isinstance(e, relay.Tuple):
-        return list(e.fields)
-    if isinstance(e, relay.TupleGetItem):
-        return [e.tuple_value]
-    if isinstance(e, relay.Let):
-        return [e.value, e.body]
-    if isinstance(e, relay.If):
-        return [e.cond, e.true_branch, e.false_branch]
-    if isinstance(e, relay.Var) and e in bound:
-        return [bound[e]]
-    return []
 
 
 # --------------------------------------------------------------------------- pack / unpack in Relay
@@ -217,37 +204,81 @@ class _Channels:
         return channel
 
 
+def _barriers(reg: Any, deps: list[set[int]]) -> None:
+    """An if, closure or loop holding collectives is a barrier (as an if is in Relax): no collective
+    moves across it in the executors' order, so every rank keeps calling them in the same sequence."""
+    barrier: int | None = None
+    since: list[int] = []
+    for i, e in enumerate(reg.exprs):
+        if i in reg.nested:
+            deps[i].update(since)
+            if barrier is not None:
+                deps[i].add(barrier)
+            barrier, since = i, []
+        elif CRL.info(e) is not None:
+            if barrier is not None:
+                deps[i].add(barrier)
+            since.append(i)
+
+
 def _combine_function(func: relay.Function, opts: CombinerOptions, channels: _Channels) -> relay.Function:
-    exprs: list[Any] = []
-    relay.analysis.post_order_visit(func.body, exprs.append)
-    index = {e: i for i, e in enumerate(exprs)}
-    bound = {e.var: e.value for e in exprs if isinstance(e, relay.Let)}
+    """Combine the collectives of the function's top-level region (:func:`..relay.region`).
+
+    Left unchanged where nothing is provable: dependences in a cycle, or a send or recv out of the
+    region (their matches would be unknown). A group whose combined op would read a let variable
+    where one of its members cannot see it (let-form code) is not built.
+    """
+    reg = CRL.region(func.body)
+    if reg is None:
+        return func
+    exprs = reg.exprs
+    deps = [set(d) for d in reg.deps]
+    _barriers(reg, deps)
+    classified = [_classify(e, opts) for e in exprs]
+    matches: list[tuple[int, int]] = []
+    if any(op is not None and op.family in ("send", "recv") for op in classified):
+        if reg.nested_p2p is not None:
+            return func
+        matches = plan_send_recv_order(CRL.order_nodes(reg), "combiner").matches
+        for s, r in matches:  # a recv waits for its send, whatever families combine
+            deps[r].add(s)
+    order = index_order([sorted(d) for d in deps])
+    if order is None:
+        return func
+    at = {old: k for k, old in enumerate(order)}
     graph = Graph(dtype_bits=_DTYPE_BITS)
     ops: list[_Op | None] = []
-    for e in exprs:
-        op = _classify(e, opts)
+    for old in order:
+        op = classified[old]
         if op is not None and not _family_enabled(op, opts):
             op = None
-        deps = tuple(sorted({index[r] for r in _reads(e, bound) if r in index}))
-        graph.add(op="expr", operands=(), deps=deps, shape=op.shape if op else None, dtype=op.dtype if op else None)
+        graph.add(op="expr", operands=(), deps=tuple(sorted(at[d] for d in deps[old])),
+                  shape=op.shape if op else None, dtype=op.dtype if op else None)
         ops.append(op)
     transfers: list[tuple[int, int, Hashable]] = []
-    if any(op is not None and op.family in ("send", "recv") for op in ops):
-        _, nodes = CRL._graph(func.body)  # the order view OrderSendRecv matches with (same post-order)
-        plan = plan_send_recv_order(nodes, "combiner")
-        for s, r in plan.matches:
-            if ops[s] is not None and ops[r] is not None and ops[s].key == ops[r].key and s < r:
-                transfers.append((s, r, ops[s].key))
-        transfers.sort()
+    for s, r in matches:
+        s2, r2 = at[s], at[r]
+        if ops[s2] is not None and ops[r2] is not None and ops[s2].key == ops[r2].key:
+            transfers.append((s2, r2, ops[s2].key))
+    transfers.sort()
     keys = [op.key if op is not None and op.family not in ("send", "recv") else None for op in ops]
     region = plan_region(graph, keys, transfers, opts.threshold_bytes, opts.threshold_count, opts.op_cap())
-    if not region.changed:
-        return func
-    groups: list[tuple[str, list[_Op], int | None]] = [("collective", [ops[m] for m in g], None) for g in region.groups]
+
+    def in_scope(members: list[int]) -> bool:
+        olds = [order[m] for m in members]
+        return reg.needs([a for m in members for a in ops[m].call.args]) <= reg.visible_at(olds)
+
+    groups: list[tuple[str, list[_Op], int | None]] = [
+        ("collective", [ops[m] for m in g], None) for g in region.groups if in_scope(g)
+    ]
     for sends, recvs in region.transfers:
+        if not (in_scope(sends) and in_scope(recvs)):
+            continue
         channel = channels.take()
         groups.append(("send", [ops[m] for m in sends], channel))
         groups.append(("recv", [ops[m] for m in recvs], channel))
+    if not groups:
+        return func
     body = _Rewrite(groups, opts).visit(func.body)
     return relay.Function(func.params, body, None, func.type_params, func.attrs, func.span)
 
