@@ -90,3 +90,9 @@ def test_a_task_is_tuned_again_only_when_new_or_given_more_trials():
     assert not tuning._needs_tuning(Database(True), Task(), 16, 8)
     # records without a ledger entry (a database from before the ledger, or another tool's)
     assert tuning._needs_tuning(Database(True), Task(), 0, 8)
+
+
+def test_search_population_follows_the_budget():
+    # MetaSchedule's 512 from 32 trials up; smaller budgets evolve fewer schedules they never measure
+    assert [tuning._search_strategy(t).population_size for t in (1, 2, 8, 32, 64, 1000)] == [32, 32, 128, 512, 512, 512]
+    assert tuning._search_strategy(2).init_min_unmeasured == 32 and tuning._search_strategy(64).init_min_unmeasured == 50

@@ -129,6 +129,19 @@ def _progress_callback(names: list[str], trials: int, say: Callable[[str], None]
     return Progress()
 
 
+def _search_strategy(trials: int) -> Any:
+    """MetaSchedule's evolutionary search with a population sized to the budget.
+
+    Its default population (512 schedules evolved per round) is right for budgets of 32 trials
+    and more; with a handful of trials nearly all of it is never measured, and the search costs
+    more than the measurements (the main job on two small GEMMs with 2 trials, run one after the
+    other on a busy 2-core machine: 234 s with 512, 160 s with 32).
+    """
+    population = max(32, min(512, 16 * trials))
+    return _ms().search_strategy.EvolutionarySearch(population_size=population,
+                                                    init_min_unmeasured=min(50, population))
+
+
 def tune(mod: tvm.IRModule, target: tvm.target.Target, trials: int, root: str | os.PathLike | None = None,
          say: Callable[[str], None] = lambda msg: None) -> tuple[Any, TuneSummary]:
     """Tune the tasks of ``mod`` the database lacks (or got fewer trials), ``trials`` each.
@@ -152,7 +165,8 @@ def tune(mod: tvm.IRModule, target: tvm.target.Target, trials: int, root: str | 
     say(f"{len(tasks)} MetaSchedule tasks, {len(new)} to tune (new, or tuned with fewer than {trials} trials) in {folder}")
     if new:
         todo = [t for t, _ in new]
-        contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(todo, str(folder / "logs"))
+        contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
+            todo, str(folder / "logs"), strategy=_search_strategy(trials))
         callbacks = [*ms.MeasureCallback.create("default"),
                      _progress_callback([t.task_name for t in todo], trials, say)]
         ms.tune_tasks(tasks=contexts, task_weights=weights, work_dir=str(folder / "logs"),
