@@ -46,12 +46,16 @@ def _fill(out):
 
 
 tvm_ffi.register_global_func("tvm_combiners.test.fill", _fill, override=True)
+tvm_ffi.register_global_func("tvm_combiners.test.fill_tuple", lambda t: _fill(t[0]), override=True)
 
 
 def _module(body, n_params: int = 1) -> relax.Function:
     xs = [relax.Var(f"x{i}", F4) for i in range(n_params)]
     bb = relax.BlockBuilder()
     gv = bb.add_func(add_ten, "add_ten")
+    p = relax.Var("p", F4)
+    with bb.function("bump", [p]):  # a function of the module that writes its argument in place
+        bb.emit_func_output(bb.emit(relax.call_tir_inplace(gv, [p], [0], F4)))
     with bb.function("main", xs, pure=False):
         bb.emit_func_output(relax.Tuple(body(bb, gv, *xs)))
     return bb.get()
@@ -59,6 +63,18 @@ def _module(body, n_params: int = 1) -> relax.Function:
 
 def _in_place(bb, gv, x):
     return bb.emit(relax.call_tir_inplace(gv, [x], [0], F4))
+
+
+def _through_a_tuple(bb, gv, x):
+    field = bb.emit(relax.TupleGetItem(bb.emit(relax.Tuple([x])), 0))
+    return bb.emit(relax.call_tir_inplace(gv, [field], [0], F4))
+
+
+def _in_a_function(bb, _gv, x):
+    return bb.emit(relax.Call(bb.get().get_global_var("bump"), [x]))
+
+
+WRITES = [_in_place, _through_a_tuple, _in_a_function]
 
 
 def _results(mod, *args) -> list[np.ndarray]:
@@ -81,12 +97,13 @@ def test_core_orders_writes_after_earlier_readers_and_before_later_ones():
     assert unit_dependences(units) == [set(), {0}, {0, 1}, {2}, {0, 2}, {1, 2, 3, 4}]
 
 
-def test_order_send_recv_keeps_a_send_after_the_in_place_kernel_it_sends():
+@pytest.mark.parametrize("write", WRITES)
+def test_order_send_recv_keeps_a_send_after_the_in_place_kernel_it_sends(write):
     def body(bb, gv, x0):
         r = bb.emit(CR.recv((4,), "float32", SELF, channel_id=0))  # written before its send
         x = bb.emit(relax.op.multiply(x0, relax.const(2.0, "float32")))
         a = bb.emit(relax.op.add(x, relax.const(0.0, "float32")))  # the last read of x before the write
-        y = _in_place(bb, gv, x)
+        y = write(bb, gv, x)
         bb.emit(CR.send(y, SELF, channel_id=0))
         return [r, a]
 
@@ -96,11 +113,14 @@ def test_order_send_recv_keeps_a_send_after_the_in_place_kernel_it_sends():
     np.testing.assert_array_equal(r, [10, 12, 14, 16])  # what was sent: x after the write
 
 
-def test_order_send_recv_keeps_a_send_after_an_opaque_call_that_fills_its_buffer():
+@pytest.mark.parametrize("in_tuple", [False, True])
+def test_order_send_recv_keeps_a_send_after_an_opaque_call_that_fills_its_buffer(in_tuple):
     def body(bb, _gv, _x):
         r = bb.emit(CR.recv((4,), "float32", SELF, channel_id=0))
         buf = bb.emit(relax.op.zeros((4,), "float32"))
-        bb.emit(relax.Call(relax.ExternFunc("tvm_combiners.test.fill"), [buf], ty_args=[relax.ObjectType()]))
+        arg = bb.emit(relax.Tuple([buf])) if in_tuple else buf
+        fill = "tvm_combiners.test.fill_tuple" if in_tuple else "tvm_combiners.test.fill"
+        bb.emit(relax.Call(relax.ExternFunc(fill), [arg], ty_args=[relax.ObjectType()]))
         bb.emit(CR.send(buf, SELF, channel_id=0))
         return [r, buf]
 
@@ -109,11 +129,12 @@ def test_order_send_recv_keeps_a_send_after_an_opaque_call_that_fills_its_buffer
     np.testing.assert_array_equal(buf, [7] * 4)
 
 
-def test_a_combined_collective_never_reads_a_tensor_after_its_in_place_write():
+@pytest.mark.parametrize("write", WRITES)
+def test_a_combined_collective_never_reads_a_tensor_after_its_in_place_write(write):
     def body(bb, gv, x0):
         x = bb.emit(relax.op.multiply(x0, relax.const(1.0, "float32")))
         a = bb.emit(CR.allreduce(x))  # reads x before the write
-        y = _in_place(bb, gv, x)
+        y = write(bb, gv, x)
         b = bb.emit(CR.allreduce(bb.emit(relax.op.add(y, relax.const(1.0, "float32")))))
         return [a, b]
 

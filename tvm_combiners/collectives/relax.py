@@ -272,10 +272,16 @@ def _binding_access(binding: Any, known_effects: bool) -> tuple[list, list, list
         defines.extend(relax.analysis.tir_vars_in_type(binding.ty))  # the first cast naming a dim defines it
     if not known_effects and relax.analysis.contains_impure_call(value):
         writes.extend(relax.analysis.free_vars(value))  # an opaque call may write what it is given
+    elif isinstance(value, relax.Call) and isinstance(value.op, ir.GlobalVar):
+        writes.extend(relax.analysis.free_vars(value))  # so may a function of the module, in place
     writes = [w for w in writes if isinstance(w, relax.Var)]
     aliases = list(writes)
-    if isinstance(value, relax.Var) or (isinstance(value, relax.TupleGetItem) and isinstance(value.tuple_value, relax.Var)):
-        aliases.append(value if isinstance(value, relax.Var) else value.tuple_value)  # another name, same buffer
+    if isinstance(value, relax.Var):
+        aliases.append(value)  # another name, same buffer
+    elif isinstance(value, relax.TupleGetItem) and isinstance(value.tuple_value, relax.Var):
+        aliases.append(value.tuple_value)  # a field: a write to it is a write to the tuple, and back
+    elif isinstance(value, relax.Tuple):
+        aliases.extend(f for f in value.fields if isinstance(f, relax.Var))
     return reads, defines, writes, aliases
 
 
@@ -283,7 +289,8 @@ def unit_access(unit: Any, is_block: bool) -> UnitAccess:
     """What a unit (a binding, or a whole dataflow block) reads, defines and may write in place.
 
     Writes: the in-place arguments of ``call_tir_inplace`` / ``call_inplace_packed``, and every
-    variable an impure call other than our collectives and ``R.ccl`` receives.
+    variable an impure call other than our collectives and ``R.ccl``, or a call to a function of
+    the module, receives. A tuple shares buffers with its fields, a name with what it renames.
     """
     reads: list = []
     defines: list = []
