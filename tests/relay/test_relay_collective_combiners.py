@@ -285,3 +285,16 @@ def test_if_branch_collectives_on_2_ranks(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert [json.loads((tmp_path / f"rank{r}.json").read_text())["checks"] for r in range(2)] == [8, 8]
+
+
+def test_two_functions_combined_in_one_module():
+    """``@g`` and ``main`` (which calls it) both combine; the module type-checks afterwards (it
+    failed InferType while ``@g`` came back without its return type)."""
+    p, q, x, y, z, w = (relay.var(n, shape=(3,), dtype="float32") for n in "pqxyzw")
+    g = relay.GlobalVar("g")
+    mod = relay.transform.InferType()(tvm.IRModule({g: relay.Function([p, q], relay.Tuple([C.allreduce(p), C.allreduce(q)]))}))
+    mod["main"] = relay.Function([x, y, z, w], relay.Tuple([C.allreduce(z), relay.Call(g, [x, y]), C.allreduce(w)]))
+    mod = relay.transform.InferType()(mod)
+    new, reports = _reports(CB.AllReduceCombiner, mod)
+    assert [r.num_ops for r in reports] == [2, 2] and _count_all(new, "allreduce") == 2
+    _same_vm_results(mod, new, [np.full(3, k, "float32") for k in range(1, 5)])

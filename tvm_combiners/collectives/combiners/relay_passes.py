@@ -280,7 +280,9 @@ def _combine_function(func: relay.Function, opts: CombinerOptions, channels: _Ch
     if not groups:
         return func
     body = _Rewrite(groups, opts).visit(func.body)
-    return relay.Function(func.params, body, None, func.type_params, func.attrs, func.span)
+    # The function's type is unchanged: keep it, so a caller type-checked before this function's
+    # body is inferred again still knows what it returns (InferType cannot infer it from the call).
+    return relay.Function(func.params, body, func.checked_type.ret_type, func.type_params, func.attrs, func.span)
 
 
 def _used_channels(mod: tvm.IRModule) -> list[int]:
