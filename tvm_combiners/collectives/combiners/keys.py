@@ -27,7 +27,7 @@ import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from ..spec import CollectiveSpec
+from ..spec import SUPPORTED_DTYPES, CollectiveSpec
 
 #: XLA's GPU defaults (30 MiB + 7 bytes, 256 ops per combined collective).
 DEFAULT_THRESHOLD_BYTES = 30 * 2**20 + 7
@@ -40,10 +40,9 @@ PASS_KINDS = ("allreduce", "allgather", "reduce_scatter", "send_recv")
 
 def itemsize(dtype: str) -> int:
     """Bytes per element of a supported collective dtype (``float16`` .. ``float64``, ints)."""
-    digits = "".join(ch for ch in dtype if ch.isdigit())
-    if not digits or int(digits) % 8:
-        raise ValueError(f"collective combiners: dtype {dtype} is not a whole number of bytes")
-    return int(digits) // 8
+    if dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"collective combiners: dtype {dtype} cannot be packed; expected one of {', '.join(SUPPORTED_DTYPES)}")
+    return int(dtype.removeprefix("u").removeprefix("int").removeprefix("float")) // 8
 
 
 def collective_key(spec: CollectiveSpec, dtype: str, combine_by_dim: bool = True) -> Hashable:

@@ -112,8 +112,8 @@ def _classify(binding: Any, opts: CombinerOptions) -> _Op | None:
         return _Op(spec.kind, key, *payload, axis=spec.axis or 0, group_size=spec.group_size or 1, spec=spec, call=call)
     if call.op.name in _CCL:
         payload = _static(call.args[0].ty)
-        if payload is None or (call.op.name == "relax.ccl.allgather" and not payload[0]):
-            return None
+        if payload is None or payload[1] not in S.SUPPORTED_DTYPES or (call.op.name == "relax.ccl.allgather" and not payload[0]):
+            return None  # TVM's ops take bool, float8, ...: we pack only what our own ops carry
         name = call.op.name.removeprefix("relax.")
         attrs = {k: getattr(call.attrs, k) for k in ("op_type", "in_group", "num_workers") if hasattr(call.attrs, k)}
         size = int(attrs.get("num_workers", 1))
