@@ -296,12 +296,14 @@ def unit_access(unit: Any, is_block: bool) -> UnitAccess:
     defines: list = []
     writes: list = []
     aliases: list = []
+    own: set = set()
     for b in unit.bindings if is_block else [unit]:
         known = info(b.value) is not None or (isinstance(b.value, relax.Call) and isinstance(b.value.op, ir.Op)
                                               and b.value.op.name.startswith("relax.ccl."))
         r, d, w, a = _binding_access(b, known)
-        reads.extend(k for k in r if k not in defines)  # a block's own definitions are not reads
+        reads.extend(k for k in r if k not in own)  # a block's own definitions are not reads
         defines.extend(d)
+        own.update(d)
         writes.extend(w)
         aliases.extend(a)
     return UnitAccess(tuple(reads), tuple(defines), tuple(writes), tuple(aliases))
