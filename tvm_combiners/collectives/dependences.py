@@ -72,3 +72,22 @@ def unit_dependences(units: Sequence[UnitAccess]) -> list[set[int]]:
                 elif j > i:
                     deps[j].add(i)
     return deps
+
+
+def order_around_barriers(deps: Sequence[set[int]], barriers: Sequence[bool], before: Sequence[bool],
+                          after: Sequence[bool]) -> None:
+    """Pin units to barriers (effects nothing may cross), in place: a barrier follows the previous
+    barrier and every ``before`` unit since it; every ``after`` unit follows the last barrier."""
+    last: int | None = None
+    since: list[int] = []
+    for i, d in enumerate(deps):
+        if barriers[i]:
+            d.update(since)
+            if last is not None:
+                d.add(last)
+            last, since = i, []
+            continue
+        if last is not None and after[i]:
+            d.add(last)
+        if before[i]:
+            since.append(i)

@@ -254,7 +254,8 @@ _TYPED = (relax.Var, relax.ShapeExpr, relax.Call)
 def _binding_access(binding: Any, known_effects: bool) -> tuple[list, list, list, list]:
     """(reads, defines, writes, aliases) of one binding; see :func:`unit_access`."""
     value = binding.value
-    reads: list = list(relax.analysis.free_vars(value))
+    free = list(relax.analysis.free_vars(value))
+    reads: list = list(free)
     writes: list = []
 
     def visit(e: Any) -> None:
@@ -271,9 +272,9 @@ def _binding_access(binding: Any, known_effects: bool) -> tuple[list, list, list
     if isinstance(binding, relax.MatchCast):
         defines.extend(relax.analysis.tir_vars_in_type(binding.ty))  # the first cast naming a dim defines it
     if not known_effects and relax.analysis.contains_impure_call(value):
-        writes.extend(relax.analysis.free_vars(value))  # an opaque call may write what it is given
+        writes.extend(free)  # an opaque call may write what it is given
     elif isinstance(value, relax.Call) and isinstance(value.op, ir.GlobalVar):
-        writes.extend(relax.analysis.free_vars(value))  # so may a function of the module, in place
+        writes.extend(free)  # so may a function of the module, in place
     writes = [w for w in writes if isinstance(w, relax.Var)]
     aliases = list(writes)
     if isinstance(value, relax.Var):

@@ -10,8 +10,8 @@ Two levels per function:
 A unit's dependencies are the variables and symbolic dims it reads, plus the order an in-place
 write imposes on the readers of its buffer (:mod:`..dependences`); a recv also waits for the send
 it is matched with, whichever families combine (OrderSendRecv runs first, so that send comes
-earlier); an impure call we do not know is a barrier (nothing moves across it). The region is re-emitted in the contracted order the planner
-returns. A combined group is: one pack kernel (``call_tir``), the collective on the flat buffer,
+earlier); an impure call we do not know is a barrier (nothing moves across it). The region is
+re-emitted in the contracted order the planner returns. A combined group is: one pack kernel (``call_tir``), the collective on the flat buffer,
 one unpack kernel whose outputs are bound to the members' original variables (so users are
 untouched).
 
@@ -35,6 +35,7 @@ from tvm import ir, relax
 
 from ...core.graph import Graph
 from .. import spec as S
+from ..dependences import order_around_barriers
 from ..ordering import OrderNode, SendRecvOrderError, plan_send_recv_order
 from . import tir_kernels
 from .factories import pass_factories
@@ -140,26 +141,20 @@ class _FunctionCombiner:
         """Re-emit one region; ``units``: (binding, False) or (dataflow block, True)."""
         graph = Graph()
         ops: list[_Op | None] = []
-        barrier: int | None = None
-        since_barrier: list[int] = []
-        for i, ((unit, is_block), deps) in enumerate(zip(units, CR.dependences(units))):
+        barriers: list[bool] = []
+        known: list[bool] = []
+        for unit, is_block in units:
             op = None if is_block else _classify(unit, self.opts)
-            if op is not None and not _enabled(op, self.opts):
-                op = None
+            ops.append(op if op is not None and _enabled(op, self.opts) else None)
+            ours = op is not None or (not is_block and (CR.info(unit.value) is not None or _is_ccl(unit.value)))
             impure = not is_block and not dataflow and relax.analysis.contains_impure_call(unit.value)
-            known = op is not None or (not is_block and (CR.info(unit.value) is not None or _is_ccl(unit.value)))
-            if impure and not known:  # an effect we do not understand: nothing crosses it
-                deps.update(since_barrier)
-                if barrier is not None:
-                    deps.add(barrier)
-                barrier, since_barrier = i, []
-            elif barrier is not None:
-                deps.add(barrier)
-            if known:
-                since_barrier.append(i)
+            known.append(ours)
+            barriers.append(impure and not ours)  # an effect we do not understand: nothing crosses it
+        deps = CR.dependences(units)
+        order_around_barriers(deps, barriers, before=known, after=[True] * len(units))
+        for op, d in zip(ops, deps):
             shape, dtype = (op.shape, op.dtype) if op is not None else (None, None)
-            graph.add(op="unit", operands=(), deps=tuple(sorted(deps)), shape=shape, dtype=dtype)
-            ops.append(op)
+            graph.add(op="unit", operands=(), deps=tuple(sorted(d)), shape=shape, dtype=dtype)
         transfers = self._match(graph, units, ops) if not dataflow else []
         if transfers is None:
             return units, False

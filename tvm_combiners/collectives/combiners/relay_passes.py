@@ -28,6 +28,7 @@ from tvm import relay
 
 from ...core.graph import Graph, ir_dtype_bits
 from .. import spec as S
+from ..dependences import order_around_barriers
 from ..ordering import index_order, plan_send_recv_order
 from .factories import pass_factories
 from .keys import (
@@ -204,23 +205,6 @@ class _Channels:
         return channel
 
 
-def _barriers(reg: Any, deps: list[set[int]]) -> None:
-    """An if, closure or loop holding collectives is a barrier (as an if is in Relax): no collective
-    moves across it in the executors' order, so every rank keeps calling them in the same sequence."""
-    barrier: int | None = None
-    since: list[int] = []
-    for i, e in enumerate(reg.exprs):
-        if i in reg.nested:
-            deps[i].update(since)
-            if barrier is not None:
-                deps[i].add(barrier)
-            barrier, since = i, []
-        elif CRL.info(e) is not None:
-            if barrier is not None:
-                deps[i].add(barrier)
-            since.append(i)
-
-
 def _combine_function(func: relay.Function, opts: CombinerOptions, channels: _Channels) -> relay.Function:
     """Combine the collectives of the function's top-level region (:func:`..relay.region`).
 
@@ -233,7 +217,10 @@ def _combine_function(func: relay.Function, opts: CombinerOptions, channels: _Ch
         return func
     exprs = reg.exprs
     deps = [set(d) for d in reg.deps]
-    _barriers(reg, deps)
+    # an if, closure or loop holding collectives is a barrier (as an if is in Relax): no collective
+    # moves across it, so every rank keeps calling them in the same sequence
+    ours = [CRL.info(e) is not None for e in exprs]
+    order_around_barriers(deps, [i in reg.nested for i in range(len(exprs))], before=ours, after=ours)
     classified = [_classify(e, opts) for e in exprs]
     matches: list[tuple[int, int]] = []
     if any(op is not None and op.family in ("send", "recv") for op in classified):
