@@ -298,3 +298,42 @@ def test_two_functions_combined_in_one_module():
     new, reports = _reports(CB.AllReduceCombiner, mod)
     assert [r.num_ops for r in reports] == [2, 2] and _count_all(new, "allreduce") == 2
     _same_vm_results(mod, new, [np.full(3, k, "float32") for k in range(1, 5)])
+
+
+DEEP = 6000  # ops on one path; TVM's recursive Python ExprMutator stopped near 2500
+
+
+def _chain(e, z, n):
+    for _ in range(n):
+        e = relay.add(e, z)
+    return e
+
+
+def _deep_module(n, let_form):
+    """``allreduce(x0)`` then ``n`` adds of ``x2``, beside ``allreduce(x1)``: graph or let form."""
+    xs = _vars(((4,), "float32"), ((3,), "float32"), ((4,), "float32"))
+    e = C.allreduce(xs[0])
+    if not let_form:
+        return _mod(xs, [_chain(e, xs[2], n), C.allreduce(xs[1])])
+    bound = []
+    for i in range(n):
+        v = relay.var(f"v{i}")
+        bound.append((v, e))
+        e = relay.add(v, xs[2])
+    body = relay.Tuple([e, C.allreduce(xs[1])])
+    for v, value in reversed(bound):
+        body = relay.Let(v, value, body)
+    return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function(xs, body)))
+
+
+@pytest.mark.parametrize("let_form", [False, True])
+def test_deep_graphs_combine_without_hitting_the_recursion_limit(let_form):
+    new, reports = _reports(CB.CombineCollectives, _deep_module(DEEP, let_form))
+    assert [(r.kind, r.num_ops) for r in reports] == [("allreduce", 2)] and _count(new, "allreduce") == 1
+    if let_form:
+        return
+    # exactly the shallow module's rewrite with the chain after the first result
+    shallow = CB.CombineCollectives()(_deep_module(0, False))["main"]
+    first, second = shallow.body.fields
+    expected = relay.Function(shallow.params, relay.Tuple([_chain(first, shallow.params[2], DEEP), second]), shallow.ret_type)
+    assert tvm.ir.structural_equal(new["main"], expected)

@@ -309,3 +309,21 @@ def test_every_op_on_n_ranks_relay(n, tmp_path):
         partner = rank ^ 1
         np.testing.assert_array_equal(got["swap"], ins[partner]["f"] if partner < n else np.zeros((4, 6), "float32"))
         np.testing.assert_array_equal(got["two_hops@vm"], ins[(rank - 2) % n]["t"])
+
+
+def test_order_send_recv_on_a_deep_graph():
+    """6000 ops between the recv and the result: TVM's recursive Python ExprMutator stopped near 2500."""
+    x, z = var((4,)), var((4,), name="z")
+    p = [[0, 0]]
+
+    def program(depth):
+        e = C.recv((4,), "float32", p, channel_id=0)  # reached first by the post-order
+        for _ in range(depth):
+            e = relay.add(e, z)
+        return module(relay.Tuple([e, C.send(x, p, channel_id=0)]), [x, z])
+
+    shallow = C.OrderSendRecv()(program(0))["main"]
+    recv, send = shallow.body.fields
+    for _ in range(6000):
+        recv = relay.add(recv, z)
+    assert tvm.ir.structural_equal(C.OrderSendRecv()(program(6000))["main"].body, relay.Tuple([recv, send]))

@@ -83,3 +83,16 @@ def test_unknown_dims_stay_apart_when_vars_share_one_type_object():
     view = build_body_view(mod["main"].body)
     sx, sy = (view.graph[view.node_of(mod["main"].params[i])].shape for i in (0, 1))
     assert sx[1] == sy[1] == 8 and sx[0] != sy[0]
+
+
+def test_params_as_inputs_on_a_deep_graph():
+    """import_relay(params_as_inputs=True) lifts constants with a mutator that must not recurse per op."""
+    from tvm_combiners.models.loader import _constants_to_params
+
+    x = relay.var("x", shape=(4,), dtype="float32")
+    e = x
+    for i in range(6000):
+        e = relay.add(e, relay.const(np.full((4,), i, "float32")))
+    mod, params = _constants_to_params(relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], e))))
+    assert len(mod["main"].params) == 6001 and len(params) == 6000
+    assert sorted(float(p.numpy()[0]) for p in params.values()) == list(range(6000))

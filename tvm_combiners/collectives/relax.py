@@ -26,6 +26,7 @@ import tvm
 from tvm import ir, relax, tirx
 from tvm.relax.utils import convert_to_expr
 
+from ..core.driver import gc_paused
 from . import spec as S
 from .builders import IRAdapter, make_builders
 from .dependences import UnitAccess, unit_dependences
@@ -400,6 +401,7 @@ def OrderSendRecv() -> tvm.transform.Pass:  # noqa: N802 - a pass factory, named
     counts, or a send and its recv that disagree on pairs or payload type.
     """
 
+    @gc_paused()
     def transform(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         updates = {}
         for gv, func in mod.functions_items():

@@ -30,6 +30,8 @@ from tvm import relay, te, topi
 from tvm.relay.op import op as _op
 from tvm.relay.op.strategy.generic import wrap_topi_schedule
 
+from ..core.driver import gc_paused
+from ..relay.shallow_mutator import ShallowExprMutator
 from . import spec as S
 from .builders import IRAdapter, make_builders
 from .ordering import OrderNode, SendRecvOrderError, index_order, plan_send_recv_order
@@ -322,7 +324,7 @@ def region(body: relay.Expr) -> _Region | None:
     new = {old: k for k, old in enumerate(order)}
     scopes: list[frozenset[relay.Var] | None] = [None] * len(exprs)
     scopes[pos[body]] = frozenset()
-    for u in reversed(order):  # users before what they use
+    for u in reversed(order if bound else ()):  # users before what they use; graph form: no scopes
         su = scopes[u] or frozenset()
         uses = [(k, su | {v} if v is not None else su) for k, v in kids[u]] + [(k, su) for k in inner[u]]
         for k, s in uses:
@@ -378,7 +380,7 @@ def _ancestors(nodes: Sequence[OrderNode]) -> list[int]:
 # --------------------------------------------------------------------------- ordering pass
 
 
-class _AddTokens(relay.ExprMutator):
+class _AddTokens(ShallowExprMutator):
     """Order ``call`` after extra sends by joining their tokens into its token operand."""
 
     def __init__(self, after: dict[relay.Expr, list[relay.Expr]]):
@@ -404,14 +406,14 @@ def _has_p2p(body: relay.Expr) -> bool:
 
 def _order_function(name: str, func: relay.Function) -> relay.Function:
     where = f"function '{name}'"
+    if not _has_p2p(func.body):
+        return func
     reg = region(func.body)
     if reg is None:
-        if _has_p2p(func.body):
-            raise SendRecvOrderError(
-                f"OrderSendRecv: {where} has a let variable that its own value reads (other than through a "
-                "function), so its sends and recvs cannot be ordered"
-            )
-        return func
+        raise SendRecvOrderError(
+            f"OrderSendRecv: {where} has a let variable that its own value reads (other than through a "
+            "function), so its sends and recvs cannot be ordered"
+        )
     if reg.nested_p2p is not None:
         raise SendRecvOrderError(
             f"OrderSendRecv: {where} has a send or recv inside {reg.nested_p2p}, where it cannot be ordered; sends and "
@@ -470,6 +472,7 @@ def OrderSendRecv() -> tvm.transform.Pass:  # noqa: N802 - a pass factory, named
     branch, a closure or a loop (Relay runs those conditionally or repeatedly: no static match).
     """
 
+    @gc_paused()
     def transform(original: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         mod = relay.transform.InferType()(original)
         updates = {}

@@ -364,7 +364,9 @@ def _constants_to_params(mod: Any) -> tuple[Any, dict[str, Any]]:
     params: dict[str, Any] = {}
     new_vars: list[Any] = []
 
-    class Lift(relay.ExprMutator):
+    from ..relay.shallow_mutator import ShallowExprMutator
+
+    class Lift(ShallowExprMutator):
         def visit_constant(self, const: Any) -> Any:
             data = const.data
             if data.numpy().ndim == 0 or not np.issubdtype(data.numpy().dtype, np.floating):

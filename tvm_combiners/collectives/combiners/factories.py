@@ -12,6 +12,7 @@ from typing import Any
 
 import tvm
 
+from ...core.driver import gc_paused
 from .keys import DEFAULT_THRESHOLD_BYTES, DEFAULT_THRESHOLD_COUNT
 from .options import CombinerOptions, make_options
 
@@ -38,6 +39,7 @@ def pass_factories(combine_module: CombineModule, module: str, docs: Mapping[str
              combine_by_dim: bool = True) -> tvm.transform.Pass:
         opts = make_options(pass_name, threshold_bytes, threshold_count, on_combine, combine_by_dim, max_op_bytes)
 
+        @gc_paused()
         def transform(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
             return combine_module(mod, opts)
 
