@@ -129,11 +129,11 @@ def _enabled(op: _Op, opts: CombinerOptions) -> bool:
 
 class _FunctionCombiner:
     def __init__(self, bb: relax.BlockBuilder, opts: CombinerOptions, channels: _Channels,
-                 kernels: dict[str, tvm.ir.GlobalVar]) -> None:
+                 kernels: dict[tuple[Any, PackPlan], tvm.ir.GlobalVar]) -> None:
         self.bb = bb
         self.opts = opts
         self.channels = channels
-        self.kernels = kernels  # generated source -> its PrimFunc in the module (shared, deduplicated)
+        self.kernels = kernels  # (builder, plan) -> its PrimFunc in the module (shared, deduplicated)
         self.cap = opts.op_cap()
 
     # ------------------------------------------------------------------ regions
@@ -217,11 +217,10 @@ class _FunctionCombiner:
     def _var(self, name: str, ty: Any, dataflow: bool) -> relax.Var:
         return (relax.DataflowVar if dataflow else relax.Var)(name, ty)
 
-    def _kernel(self, source_of: Any, plan: PackPlan, prefix: str) -> tvm.ir.GlobalVar:
-        source = source_of(plan, prefix)
-        gv = self.kernels.get(source)
+    def _kernel(self, make: Any, plan: PackPlan, prefix: str) -> tvm.ir.GlobalVar:
+        gv = self.kernels.get((make, plan))
         if gv is None:
-            gv = self.kernels[source] = self.bb.add_func(tir_kernels.build(source), prefix)
+            gv = self.kernels[(make, plan)] = self.bb.add_func(make(plan, prefix), prefix)
         return gv
 
     def _pack_unpack(self, plan: PackPlan, operands: list[relax.Expr], dataflow: bool,
@@ -231,13 +230,13 @@ class _FunctionCombiner:
         pack = self._var("combined_in", flat_ty, dataflow)
         out: list[relax.Binding] = []
         if operands:
-            gv = self._kernel(tir_kernels.pack_source, plan, f"pack_{plan.kind}")
+            gv = self._kernel(tir_kernels.pack_func, plan, f"pack_{plan.kind}")
             out.append(relax.VarBinding(pack, self.bb.normalize(relax.call_tir(gv, operands, flat_ty))))
         bindings, reduced = collective(pack if operands else None)
         out += bindings
         if results:
             tys = [relax.TensorType(list(s.result_shape), s.dtype) for s in plan.segments]
-            gv = self._kernel(tir_kernels.unpack_source, plan, f"unpack_{plan.kind}")
+            gv = self._kernel(tir_kernels.unpack_func, plan, f"unpack_{plan.kind}")
             parts = self._var("combined_parts", relax.TupleType(tys), dataflow)
             out.append(relax.VarBinding(parts, self.bb.normalize(relax.call_tir(gv, [reduced], tys))))
             out += [relax.VarBinding(v, self.bb.normalize(relax.TupleGetItem(parts, i))) for i, v in enumerate(results)]
@@ -357,7 +356,7 @@ def _combine_module(mod: tvm.IRModule, opts: CombinerOptions) -> tvm.IRModule:
         mod = CR.OrderSendRecv()(mod)  # sends before their recvs: the matches below rely on it
     bb = relax.BlockBuilder(mod)
     channels = _Channels(_used_channels(mod))
-    kernels: dict[str, tvm.ir.GlobalVar] = {}
+    kernels: dict[tuple[Any, PackPlan], tvm.ir.GlobalVar] = {}
     updates = {}
     for gv, func in mod.functions_items():
         if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
