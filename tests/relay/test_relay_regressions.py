@@ -6,10 +6,10 @@ asserts the correct behaviour: op counts and equal outputs against the unoptimiz
 
 import numpy as np
 import tvm
-from helpers import assert_same_outputs, const, make_module, ops, random_inputs
+from helpers import assert_same_outputs, const, make_module, ops, random_inputs, run, unchanged
 from tvm import relay
 
-from tvm_combiners.relay import CombineParallelDense, CombineParallelOps
+from tvm_combiners.relay import CombineParallelDense, CombineParallelOps, CombineSharedWeightDense
 from tvm_combiners.relay.runner import make_target
 
 
@@ -96,3 +96,58 @@ def test_params_as_inputs_on_a_deep_graph():
     mod, params = _constants_to_params(relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], e))))
     assert len(mod["main"].params) == 6001 and len(params) == 6000
     assert sorted(float(p.numpy()[0]) for p in params.values()) == list(range(6000))
+
+
+# --------------------------------------------------------------------------- review findings (stop 23)
+
+
+def test_bfloat16_constant_weights_and_biases_stay_bfloat16():
+    """TVM 0.16 reads a bfloat16 constant into numpy as uint16: folded with numpy, the combined
+    weight became a uint16 constant that ``nn.dense`` accepted (outputs ~1e4 off), and a
+    concatenated bias failed type inference inside the pass."""
+    rng = np.random.default_rng(0)
+    x = relay.var("x", shape=(2, 4))
+    xb = relay.cast(x, "bfloat16")
+    outs = [relay.cast(relay.nn.bias_add(relay.nn.dense(xb, relay.cast(relay.const(rng.standard_normal((n, 4)).astype("float32")), "bfloat16")),
+                                         relay.cast(relay.const(rng.standard_normal(n).astype("float32")), "bfloat16")), "float32")
+            for n in (3, 5)]
+    mod = relay.transform.InferType()(relay.transform.FoldConstant()(make_module(outs, [x])))
+    new = CombineParallelOps()(mod)
+    assert ops(new, "nn.dense") == 1
+    dtypes = []
+    relay.analysis.post_order_visit(new["main"], lambda e: dtypes.append(str(e.data.dtype)) if isinstance(e, relay.Constant) else None)
+    assert set(dtypes) == {"bfloat16"}
+    assert_same_outputs(mod, new, random_inputs(mod))
+
+
+def test_eight_bit_matmuls_concatenate_instead_of_stacking():
+    """``to_batch=True`` on uint8 x int8 denses: TVM 0.16's x86 batch_matmul of a broadcast batch
+    of 1 computed every branch after the first wrong (K 64, widths 16)."""
+    rng = np.random.default_rng(1)
+    x = relay.var("x", shape=(3, 64), dtype="uint8")
+    outs = [relay.nn.dense(x, relay.const(rng.integers(-128, 128, (16, 64)).astype("int8")), out_dtype="int32") for _ in range(2)]
+    mod = make_module(outs, [x])
+    new = CombineParallelOps(to_batch=True)(mod)
+    assert ops(new, "nn.dense") == 1 and ops(new, "nn.batch_matmul") == 0
+    inputs = {"x": rng.integers(0, 256, (3, 64)).astype("uint8")}
+    assert_same_outputs(mod, new, inputs)
+    w = [c.data.numpy().astype(np.int64) for c in (o.args[1] for o in outs)]
+    for got, weight in zip(run(new, inputs), w):
+        np.testing.assert_array_equal(got, inputs["x"].astype(np.int64) @ weight.T)
+
+
+def test_symbolic_dims_left_where_relay_cannot_type_the_rewrite():
+    """A ``tir.Var`` row count: joined with another input's rows it came back typed ``3 + n - 3``
+    (no unifying with ``n``: a DiagnosticError inside the pass), and broadcasting a side operand
+    to ``[n, w]`` raised in ``relay.broadcast_to`` (static ints only). Such roots are left alone;
+    ``?`` (relay.Any) dims still combine."""
+    n = tvm.tir.Var("n", "int64")
+    a, b, w = relay.var("a", shape=(n, 6)), relay.var("b", shape=(3, 6)), relay.var("w", shape=(4, 6))
+    shared = make_module([relay.nn.dense(a, w), relay.nn.dense(b, w)], [a, b, w])
+    x, s1, s2 = relay.var("x", shape=(n, 6)), relay.var("s1", shape=(n, 1)), relay.var("s2", shape=(n, 1))
+    sides = make_module([relay.multiply(relay.nn.dense(x, const((k, 6), k)), s) for k, s in ((3, s1), (5, s2))], [x, s1, s2])
+    for mod in (shared, sides):
+        assert unchanged(mod, CombineParallelOps()(mod))
+    a_any = relay.var("a", shape=(relay.Any(), 6))
+    dynamic = make_module([relay.nn.dense(a_any, w), relay.nn.dense(b, w)], [a_any, b, w])
+    assert ops(CombineSharedWeightDense()(dynamic), "nn.dense") == 1

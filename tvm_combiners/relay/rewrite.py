@@ -32,7 +32,12 @@ class RelayPlanBuilder(FoldingBuilder):
         return self.new[node]
 
     def constant_value(self, value: Any) -> np.ndarray | None:
-        return value.data.numpy() if isinstance(value, relay.Constant) else None
+        """None also where numpy has no such dtype: TVM 0.16 hands bfloat16 over as uint16, and
+        ``relay.const`` of that array would be a uint16 weight (that ``nn.dense`` accepts)."""
+        if not isinstance(value, relay.Constant):
+            return None
+        array = value.data.numpy()
+        return array if str(array.dtype) == str(value.data.dtype) else None
 
     def make_constant(self, array: np.ndarray) -> Any:
         return relay.const(array)
