@@ -152,6 +152,25 @@ def test_failing_rank_ends_the_job_and_is_named(tmp_path: Path) -> None:
     assert "rank 0 failed" not in proc.stderr
 
 
+def test_ranks_that_disagree_on_a_symbolic_shape_all_raise(tmp_path: Path) -> None:
+    """MPI does not notice an allgather whose ranks give different sizes: the larger ranks' results
+    kept garbage and the job exited 0. Compiled collectives of a run-time shape compare shapes first."""
+    n = 2
+    proc = _run(n, "shapes", tmp_path, timeout=200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = prog.data
+    inputs = [data(m, (3, 2 * n), "float32", 7) for m in range(n)]
+    for rank in range(n):
+        got = np.load(tmp_path / f"rank{rank}.npz")
+        np.testing.assert_array_equal(got["allreduce"], inputs[0] + inputs[1])
+        np.testing.assert_array_equal(got["allgather"], np.concatenate(inputs, axis=1))
+        np.testing.assert_array_equal(got["reduce_scatter"], np.split(inputs[0] + inputs[1], n, axis=1)[rank])
+        errors = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert errors == {kind: f"ValueError: tvm_combiners.{kind}: the ranks give x of different shapes (extents "
+                                f"(3..4, 4) across the group; rank {rank} gives ({3 + rank}, 4)): {kind} needs the "
+                                "same shape on every rank" for kind in ("allreduce", "allgather", "reduce_scatter")}
+
+
 def test_hung_rank_is_killed_by_the_timeout(tmp_path: Path) -> None:
     start = time.monotonic()
     proc = _run(2, "hang", tmp_path, timeout=6)

@@ -144,6 +144,10 @@ def _legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
         dims = [tirx.Var(f"n{i}", "int64") for i in range(ty.ndim)]
         inputs = [bb.match_cast(call.args[0], relax.TensorType(dims, str(ty.dtype)))]
         shape = relax.ShapeExpr(dims)
+    if inputs and not _static(_type_of(inputs[0])):  # MPI would not notice ranks that disagree
+        groups = S.encode_groups(spec.groups)
+        bb.emit(relax.Call(relax.ExternFunc(S.AGREE_SHAPES), [inputs[0], convert_to_expr(kind), convert_to_expr(groups)],
+                           ty_args=[relax.ObjectType()]))
     out = bb.emit(relax.op.builtin.alloc_tensor(shape, str(ty.dtype), 0))
     native = _native_allreduce(spec, str(ty.dtype), shape)
     if native is not None:
@@ -152,6 +156,11 @@ def _legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
         args = [*inputs, *(convert_to_expr(e) for e in extra), out]
     bb.emit(relax.Call(relax.ExternFunc(name), args, ty_args=[relax.ObjectType()]))
     return out
+
+
+def _static(ty: Any) -> bool:
+    dims, _ = _dims(ty)
+    return dims is not None and all(isinstance(d, int) for d in dims)
 
 
 def _native_allreduce(spec: S.CollectiveSpec, dtype: str, shape: relax.ShapeExpr) -> tuple[str, list] | None:

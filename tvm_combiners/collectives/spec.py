@@ -43,6 +43,8 @@ IMPURE_KINDS = COLLECTIVE_KINDS + P2P_KINDS
 RELAX_PREFIX = "relax.collectives."
 RELAY_PREFIX = "collectives."
 RUNTIME_PREFIX = "tvm_combiners."
+#: Called before a collective whose operand shape is only known at run time (ranks may disagree).
+AGREE_SHAPES = RUNTIME_PREFIX + "agree_shapes"
 
 TOKEN_DTYPE = "int32"
 TOKEN_SHAPE: tuple[int, ...] = ()

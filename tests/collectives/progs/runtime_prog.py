@@ -3,7 +3,8 @@
 Each rank saves what it got to ``<out>/rank<R>.npz`` (arrays) and ``<out>/rank<R>.json`` (error
 messages); the test recomputes every expected value with numpy from ``data()`` and compares.
 Usage: ``prog.py OUT_DIR all`` (every check), ``fail`` (rank 1 breaks C4 in a send while the others
-wait in a recv), ``hang`` (rank 1 sleeps while the others wait in an allreduce).
+wait in a recv), ``hang`` (rank 1 sleeps while the others wait in an allreduce), ``shapes``
+(compiled collectives of a symbolic extent, given equal and then rank-dependent shapes).
 """
 
 from __future__ import annotations
@@ -41,6 +42,33 @@ def p2p_patterns(n: int) -> dict[str, str]:
     return {"swap": "0,1;1,0", "ring": ring, "back": back, "partial": f"0,{n - 1}"}
 
 
+def shapes(out_dir: Path, n: int, me: int) -> None:
+    """Collectives of a symbolic extent, compiled: equal shapes on every rank, then rank-dependent ones."""
+    import tvm
+    from tvm import relax, tirx
+
+    from tvm_combiners.collectives import relax as C
+
+    k = tirx.Var("k", "int64")
+    bb = relax.BlockBuilder()
+    fns = {"allreduce": lambda x: C.allreduce(x), "allgather": lambda x: C.allgather(x, axis=1, world_size=n),
+           "reduce_scatter": lambda x: C.reduce_scatter(x, axis=1, world_size=n)}
+    for kind, make in fns.items():
+        x = relax.Var("x", relax.TensorType((k, 2 * n), "float32"))  # gathered/scattered axes static
+        with bb.function(kind, [x], pure=False):
+            bb.emit_func_output(bb.emit(make(x)))
+    vm = relax.VirtualMachine(tvm.compile(bb.get(), "llvm", relax_pipeline=C.pipeline("llvm")), tvm.cpu())
+    got, errors = {}, {}
+    for kind in fns:
+        got[kind] = vm[kind](tvm.runtime.tensor(data(me, (3, 2 * n), "float32", 7))).numpy()
+        try:
+            vm[kind](tvm.runtime.tensor(data(me, (3 + me, 2 * n), "float32", 7)))
+        except Exception as err:  # raised on every rank, after they all compared shapes: no rank waits
+            errors[kind] = f"{type(err).__name__}: {str(err).strip().splitlines()[-1]}"
+    np.savez(out_dir / f"rank{me}.npz", **got)
+    (out_dir / f"rank{me}.json").write_text(json.dumps(errors))
+
+
 def main() -> None:
     out_dir, mode = Path(sys.argv[1]), sys.argv[2]
     if mode == "hang":  # plain mpi4py: no TVM import to wait for
@@ -66,6 +94,9 @@ def main() -> None:
         if me == 1:
             fn["send"](tensor(np.zeros(2, "float32")), f"1,{n + 3}", 0, 0, empty((), "int32"))
         fn["recv"]("1,0", 0, 0, empty((2,), "float32"))
+        return
+    if mode == "shapes":
+        shapes(out_dir, n, me)
         return
     if mode == "cuda":  # needs a GPU: NCCL, or host-staged MPI where ranks share one GPU
         dev = tvm.cuda(0)

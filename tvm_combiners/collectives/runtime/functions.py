@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ..spec import AGREE_SHAPES, RUNTIME_PREFIX
 from . import comm as _comm
 from . import tensors
 from .comm import Group, _routes, group, mpi, route
@@ -233,6 +234,27 @@ def reduce_scatter(x: Any, op: str, axis: int, groups: str, out: Any) -> None:
         _gpu().reduce_scatter(name, groups, grp, x, op, axis, out)
 
 
+def agree_shapes(x: Any, kind: str, groups: str) -> None:
+    """Raise on every rank of the group unless all of them give the collective ``x`` of one shape.
+
+    Compiled code calls this before a collective whose operand's shape is only known at run time:
+    MPI itself does not notice ranks that disagree (an allgather then fills the tail of the larger
+    ranks' results with whatever the smaller ones had, and exits 0). One small allreduce of the
+    extents and their negatives gives every rank the largest and smallest extent per axis.
+    """
+    name = RUNTIME_PREFIX + kind
+    grp = _groups.get(groups) or group(groups, name)
+    shape = tuple(int(d) for d in x.shape)
+    own = np.array([*shape, *(-d for d in shape)], np.int64)
+    seen = np.empty_like(own)
+    grp.comm.Allreduce(own, seen, mpi().MAX)
+    high, low = seen[:len(shape)], -seen[len(shape):]
+    if (high != low).any():
+        span = ", ".join(f"{lo}" if lo == hi else f"{lo}..{hi}" for lo, hi in zip(low.tolist(), high.tolist()))
+        raise ValueError(f"{name}: the ranks give x of different shapes (extents ({span}) across the group; "
+                         f"rank {_comm.rank()} gives {shape}): {kind} needs the same shape on every rank")
+
+
 def _write_token(token_out: Any) -> None:
     if tensors.is_host(token_out):
         _view(token_out)[...] = 0
@@ -267,6 +289,7 @@ FUNCTIONS = {
     "tvm_combiners.reduce_scatter": reduce_scatter,
     "tvm_combiners.send": send,
     "tvm_combiners.recv": recv,
+    AGREE_SHAPES: agree_shapes,
 }
 
 
