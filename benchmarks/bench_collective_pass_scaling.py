@@ -1,6 +1,6 @@
 """How the collective passes' time grows with graph size, beside one TVM pass over the same module.
 
-    .venv/bin/python benchmarks/bench_collective_pass_scaling.py [--sizes 500,2000] [--ir relax|relay|both]
+    .venv/bin/python benchmarks/bench_collective_pass_scaling.py [--sizes 250,1000] [--ir relax|relay|both]
 
 The module is a data-parallel step's shape: N layers ``h = relu(h @ w)``, each also handing two
 small tensors of ``h`` to an allreduce and one to an allgather, all independent of each other (the
@@ -108,7 +108,7 @@ def measure(ir: str, form: str, n: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="500,2000", help="layers N (3N collectives)")
+    parser.add_argument("--sizes", default="250,1000", help="layers N (3N collectives)")
     parser.add_argument("--ir", choices=["relax", "relay", "both"], default="both")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per row")
     parser.add_argument("--one", nargs=3, metavar=("IR", "FORM", "N"), help=argparse.SUPPRESS)

@@ -48,6 +48,9 @@ def mock_runtime(monkeypatch):
 
     for k in RUNTIME_NAMES:
         tvm_ffi.register_global_func("tvm_combiners." + k, make(k), override=True)
+    saved["agree_shapes"] = tvm.get_global_func("tvm_combiners.agree_shapes", allow_missing=True)
+    tvm_ffi.register_global_func("tvm_combiners.agree_shapes", lambda x, kind, groups: log.append(("agree_shapes", (kind, groups))),
+                                 override=True)
     yield log
     for k, f in saved.items():
         if f is not None:
@@ -327,7 +330,11 @@ def test_symbolic_shapes_compile_and_run(mock_runtime):
 
     outs = run(build(body, [x]), np.ones((5, 3), "float32"))
     assert outs[0].numpy().shape == (5, 3) and outs[1].numpy().shape == (5, 6)
-    assert [name for name, _ in mock_runtime] == ["allreduce", "allgather"]
+    # a run-time shape is compared across the group first: MPI would not notice ranks that disagree
+    assert mock_runtime == [("agree_shapes", ("allreduce", "")), ("allreduce", ("min", "")),
+                            ("agree_shapes", ("allgather", "0,1")), ("allgather", (1, "0,1"))]
+    static = run(build(body, [tensor((5, 3))]), np.ones((5, 3), "float32"))
+    assert static[1].numpy().shape == (5, 6) and [name for name, _ in mock_runtime[4:]] == ["allreduce", "allgather"]
 
 
 def test_unknown_extents(mock_runtime):
@@ -337,7 +344,7 @@ def test_unknown_extents(mock_runtime):
     with raises("allgather: axis 0 has the symbolic extent ?; the gathered axis must be static"):
         C.allgather(x, world_size=2)
     outs = run(build(lambda bb, x: [bb.emit(C.allreduce(x, "prod"))], [x]), np.ones((2, 7), "float32"))
-    assert outs[0].numpy().shape == (2, 7) and [n for n, _ in mock_runtime] == ["allreduce"]
+    assert outs[0].numpy().shape == (2, 7) and [n for n, _ in mock_runtime] == ["agree_shapes", "allreduce"]
 
 
 # --------------------------------------------------------------------------- OrderSendRecv

@@ -11,6 +11,7 @@ import ast
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -178,8 +179,44 @@ def test_hung_rank_is_killed_by_the_timeout(tmp_path: Path) -> None:
     assert proc.returncode == 124
     assert elapsed < 25, f"the timeout took {elapsed:.0f} s to end the job"
     assert "tvm-combiners launch: timed out after 6 s: killed all 2 ranks" in proc.stderr, proc.stderr
-    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    assert f"{tmp_path} hang" not in ps, "a rank outlived the timeout"
+    assert f"{tmp_path} hang" not in _processes(), "a rank outlived the timeout"
+
+
+@pytest.mark.parametrize("mode, error", [
+    ("sigkill", "the job exited with code 9 after"),
+    ("segfault", "rank 1 failed: Fatal Python error: Segmentation fault"),
+])
+def test_a_rank_that_dies_is_reported(mode: str, error: str, tmp_path: Path) -> None:
+    proc = _run(2, mode, tmp_path, timeout=60)
+    assert proc.returncode not in (0, 124)
+    assert f"tvm-combiners launch: {error}" in proc.stderr, proc.stderr
+    if mode == "sigkill":
+        assert "(no rank reported an error; a rank exited with code 9, or was killed by SIGKILL)" in proc.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_launcher_ends_every_rank(sig: signal.Signals, tmp_path: Path) -> None:
+    """The ranks run in a session of their own: a SIGTERM to the launcher left them busy-polling."""
+    cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "2", "--timeout", "120", "--",
+           "python", str(PROG), str(tmp_path), "hang"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    rank = f"{sys.executable} -m mpi4py {PROG} {tmp_path} hang"  # a rank's command line (not mpiexec's)
+    deadline = time.monotonic() + 60
+    while _processes().splitlines().count(rank) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes().splitlines().count(rank) == 2, "the ranks did not start"
+    time.sleep(1)  # both ranks in MPI's barrier
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + sig
+    assert stderr.strip().endswith(f"tvm-combiners launch: interrupted ({sig.name}): killed all 2 ranks"), stderr
+    assert "Traceback" not in stderr
+    assert rank not in _processes().splitlines(), "a rank outlived the launcher"
+
+
+def _processes() -> str:
+    """Every process's command line, whole (``ps`` cuts lines at the terminal's width without ``-ww``)."""
+    return subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
 
 
 def test_cuda_tensors_on_two_ranks(tmp_path: Path) -> None:
@@ -208,8 +245,12 @@ def test_launch_rejects_bad_arguments() -> None:
         launch_mod_func(0, ["python", "x.py"])
     with pytest.raises(ValueError, match=r"^tvm-combiners launch: no command to run: give it after '--'"):
         launch_mod_func(2, ["--"])
-    with pytest.raises(ValueError, match=r"^tvm-combiners launch: the timeout must be positive, got -1 s$"):
-        launch_mod_func(2, ["python", "x.py"], timeout=-1)
+    for bad in (-1, 0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=rf"^tvm-combiners launch: the timeout must be a positive, finite number of "
+                                             rf"seconds, got {bad:g}$"):
+            launch_mod_func(2, ["python", "x.py"], timeout=bad)
+    with pytest.raises(ValueError, match=r"^tvm-combiners launch: command not found: 'no_such_command_xyz' "):
+        launch_mod_func(2, ["no_such_command_xyz"])
 
 
 def test_launch_cli_usage_errors() -> None:
@@ -333,7 +374,9 @@ def test_ranks_share_the_cores_between_their_thread_pools() -> None:
     cores = os.cpu_count() or 1
     assert rank_environment(2, {})["TVM_NUM_THREADS"] == str(max(1, cores // 2))
     assert rank_environment(cores * 4, {})["TVM_NUM_THREADS"] == "1"
-    assert rank_environment(2, {"TVM_NUM_THREADS": "7", "X": "y"}) == {"TVM_NUM_THREADS": "7", "X": "y"}
+    assert rank_environment(2, {"TVM_NUM_THREADS": "7", "X": "y"}) == {"TVM_NUM_THREADS": "7", "X": "y",
+                                                                      "PYTHONFAULTHANDLER": "1"}
+    assert rank_environment(2, {"PYTHONFAULTHANDLER": ""})["PYTHONFAULTHANDLER"] == ""  # the user's own is kept
 
 
 def test_data_ptr_reads_a_real_tensor():

@@ -3,13 +3,17 @@
 Each rank saves what it got to ``<out>/rank<R>.npz`` (arrays) and ``<out>/rank<R>.json`` (error
 messages); the test recomputes every expected value with numpy from ``data()`` and compares.
 Usage: ``prog.py OUT_DIR all`` (every check), ``fail`` (rank 1 breaks C4 in a send while the others
-wait in a recv), ``hang`` (rank 1 sleeps while the others wait in an allreduce), ``shapes``
+wait in a recv), ``hang`` (rank 1 sleeps while the others wait in a barrier; ``sigkill`` and
+``segfault``: rank 1 dies instead), ``shapes``
 (compiled collectives of a symbolic extent, given equal and then rank-dependent shapes).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -71,10 +75,14 @@ def shapes(out_dir: Path, n: int, me: int) -> None:
 
 def main() -> None:
     out_dir, mode = Path(sys.argv[1]), sys.argv[2]
-    if mode == "hang":  # plain mpi4py: no TVM import to wait for
+    if mode in ("hang", "sigkill", "segfault"):  # plain mpi4py: no TVM import to wait for
         from mpi4py import MPI
 
         if MPI.COMM_WORLD.Get_rank() == 1:
+            if mode == "sigkill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if mode == "segfault":
+                ctypes.string_at(0)
             time.sleep(600)
         MPI.COMM_WORLD.Barrier()
         return

@@ -11,6 +11,8 @@ the end every rank that raised is named with its error.  stdout passes through u
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
 import os
 import re
 import shutil
@@ -20,7 +22,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 DEFAULT_TIMEOUT = 300.0
 PREFIX = "tvm-combiners launch"
@@ -152,6 +156,36 @@ def _kill_job(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+_KILLING_SIGNALS = (signal.SIGILL, signal.SIGABRT, signal.SIGBUS, signal.SIGFPE, signal.SIGKILL, signal.SIGSEGV,
+                    signal.SIGTERM)
+
+
+def _signal_hint(code: int) -> str:
+    """mpiexec exits with a killed rank's signal number (or a rank's own exit code: it cannot tell which)."""
+    if code not in _KILLING_SIGNALS:
+        return ""
+    return f"; a rank exited with code {code}, or was killed by {signal.Signals(code).name}"
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt while the job runs, so the ranks (in a session of
+    their own, where a terminal's or a batch system's signal does not reach) are killed too."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    saved = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
 def rank_environment(n: int, environ: dict[str, str] | None = None) -> dict[str, str]:
     """The ranks' environment: TVM's thread pool sized to this machine's share of each rank.
 
@@ -161,6 +195,7 @@ def rank_environment(n: int, environ: dict[str, str] | None = None) -> dict[str,
     """
     env = dict(os.environ if environ is None else environ)
     env.setdefault("TVM_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+    env.setdefault("PYTHONFAULTHANDLER", "1")  # a crashing rank says so ("Fatal Python error: ...")
     return env
 
 
@@ -177,24 +212,29 @@ def launch(n: int, argv: list[str], timeout: float | None = None) -> int:
     if not argv:
         raise ValueError(f"{PREFIX}: no command to run: give it after '--', e.g. -n 2 -- python prog.py")
     timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
-    if timeout <= 0:
-        raise ValueError(f"{PREFIX}: the timeout must be positive, got {timeout:g} s")
+    if not 0 < timeout < math.inf:  # NaN and inf too: no rank may wait forever
+        raise ValueError(f"{PREFIX}: the timeout must be a positive, finite number of seconds, got {timeout:g}")
+    if shutil.which(argv[0]) is None:
+        raise ValueError(f"{PREFIX}: command not found: {argv[0]!r} (not an executable path, nor on PATH)")
     mpiexec = find_mpiexec()
     with tempfile.TemporaryDirectory(prefix="tvm-combiners-launch-") as folder:
         cmd = [mpiexec, "-n", str(n), "-errfile-pattern", f"{folder}/rank.%r", *rank_command(argv)]
         tail = _Tail(Path(folder), n)
-        start = time.monotonic()
-        proc = subprocess.Popen(cmd, start_new_session=True, env=rank_environment(n))
         tail.start()
-        timed_out = False
+        start = time.monotonic()
+        timed_out, proc = False, None
         try:
-            code = proc.wait(timeout=timeout)
+            with _terminate_as_interrupt():
+                proc = subprocess.Popen(cmd, start_new_session=True, env=rank_environment(n))
+                code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
             _kill_job(proc)
             code = 124
-        except BaseException:  # Ctrl-C: never leave ranks behind
-            _kill_job(proc)
+        except BaseException:  # Ctrl-C, SIGTERM, SIGHUP: never leave ranks behind (their own session)
+            if proc is not None:
+                _kill_job(proc)
+            tail.finish()
             raise
         texts = tail.finish()
     elapsed = time.monotonic() - start
@@ -205,8 +245,8 @@ def launch(n: int, argv: list[str], timeout: float | None = None) -> int:
         print(f"{PREFIX}: timed out after {timeout:g} s: killed all {n} ranks "
               "(a rank hung, or waits for a peer that never comes)", file=sys.stderr)
     elif code != 0 and not failed:
-        print(f"{PREFIX}: the job exited with code {code} after {elapsed:.1f} s (no rank reported an error)",
-              file=sys.stderr)
+        print(f"{PREFIX}: the job exited with code {code} after {elapsed:.1f} s (no rank reported an error"
+              f"{_signal_hint(code)})", file=sys.stderr)
     sys.stderr.flush()
     return code
 
@@ -228,6 +268,10 @@ def main(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as err:
         print(f"{err}" if str(err).startswith(PREFIX) else f"{PREFIX}: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as err:
+        why = str(err) or "SIGINT"
+        print(f"{PREFIX}: interrupted ({why}): killed all {args.np} ranks", file=sys.stderr)
+        return 128 + int(getattr(signal, why, signal.SIGINT))
 
 
 if __name__ == "__main__":
