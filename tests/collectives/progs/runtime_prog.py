@@ -248,6 +248,19 @@ def main() -> None:
     res = vm["main"](tensor(data(me, (4, 3), "float32", salt)))
     for op, value in zip([*REDUCTIONS, "allgather", "broadcast"], res):
         got[f"ccl|{op}|{salt}"] = value.numpy()
+    # in bfloat16, which numpy reads from DLPack only through ml_dtypes (saved as float32: exact here)
+    bb = relax.BlockBuilder()
+    xv = relax.Var("x", relax.TensorType((4, 3), "bfloat16"))
+    with bb.function("main", [xv]):
+        with bb.dataflow():
+            outs = [bb.emit(relax.op.ccl.allreduce(xv, op)) for op in ("sum", "max")]
+            outs.append(bb.emit(relax.op.ccl.allgather(xv, n)))
+            result = bb.emit_output(relax.Tuple(outs))
+        bb.emit_func_output(result)
+    vm = relax.VirtualMachine(tvm.compile(bb.get(), target="llvm"), tvm.cpu())
+    res = vm["main"](tensor(data(me, (4, 3), "float32", salt).astype("bfloat16")))
+    for op, value in zip(["sum", "max", "allgather"], res):
+        got[f"ccl|{op}|{salt}|bfloat16"] = value.numpy().astype("float32")
 
     # a send still in flight when its rank finishes: completed at exit, not lost
     salt += 1

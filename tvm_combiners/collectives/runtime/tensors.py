@@ -8,6 +8,7 @@ is built from the DLTensor's data pointer instead.  Both views alias the tensor'
 
 from __future__ import annotations
 
+import ctypes
 import math
 from collections.abc import Callable
 from typing import Any
@@ -59,8 +60,29 @@ def _legacy_view(t: Any) -> np.ndarray:
     return np.frombuffer(buf, dtype).reshape(shape)
 
 
+def _dlpack_view(t: Any) -> np.ndarray:
+    try:
+        return np.from_dlpack(t)
+    except (BufferError, RuntimeError, TypeError):  # a dtype DLPack-to-numpy lacks: bfloat16, float8_*
+        return _address_view(t)
+
+
+def _address_view(t: Any) -> np.ndarray:
+    """A view built from the tensor's address, in ml_dtypes' numpy dtype of the same name."""
+    try:
+        import ml_dtypes  # noqa: F401 - registers bfloat16, float8_* with numpy
+        dtype = np.dtype(str(t.dtype))
+    except (ImportError, TypeError) as err:
+        raise TypeError(f"tvm_combiners: a {t.dtype} tensor has no numpy view here ({err})") from None
+    shape = tuple(int(d) for d in t.shape)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes == 0:
+        return np.empty(shape, dtype)
+    return np.frombuffer((ctypes.c_byte * nbytes).from_address(data_ptr(t)), dtype).reshape(shape)
+
+
 # host_view(t): a writable numpy view of a CPU tensor (no copy); bound directly, it sits on the hot path.
-host_view: Callable[[Any], np.ndarray] = np.from_dlpack if NEW_FFI else _legacy_view
+host_view: Callable[[Any], np.ndarray] = _dlpack_view if NEW_FFI else _legacy_view
 
 
 def device_type(t: Any) -> int:
