@@ -44,6 +44,7 @@ bench: $(VENV)/.installed $(VENV_RELAY)/.installed
 	$(VENV)/bin/python benchmarks/bench_pass_scaling.py
 	$(VENV)/bin/python benchmarks/bench_collectives.py
 	$(VENV)/bin/python benchmarks/bench_collective_combiners.py
+	$(VENV)/bin/python benchmarks/bench_collective_pass_scaling.py
 	$(VENV)/bin/python benchmarks/bench_tuned.py --trials $(or $(TUNE_TRIALS),64)
 
 # Differential fuzzing (not in CI's budget): FUZZ_EXAMPLES modules per pass family, each of 1-5 graphs.

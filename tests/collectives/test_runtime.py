@@ -215,6 +215,24 @@ def test_a_signal_to_the_launcher_ends_every_rank(sig: signal.Signals, tmp_path:
     assert rank not in _processes().splitlines(), "a rank outlived the launcher"
 
 
+def test_a_sighup_ignored_by_whoever_started_the_launcher_stays_ignored(tmp_path: Path) -> None:
+    """Under nohup the job must outlive its terminal: here it runs on until its timeout."""
+    cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "2", "--timeout", "8", "--",
+           "python", str(PROG), str(tmp_path), "hang"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    time.sleep(3)
+    proc.send_signal(signal.SIGHUP)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 124 and "timed out after 8 s" in stderr, stderr
+
+
+def test_a_bare_python_needs_no_python_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``-- python prog.py`` runs this interpreter: where only python3 is on PATH it was refused."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # no python here; mpiexec sits beside this interpreter
+    assert launch_mod_func(2, ["python", "-c", "pass"], timeout=60) == 0
+
+
 def _processes() -> str:
     """Every process's command line, whole (``ps`` cuts lines at the terminal's width without ``-ww``)."""
     return subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout

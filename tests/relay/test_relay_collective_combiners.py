@@ -63,6 +63,13 @@ def test_chain_stays_two_and_skip_ahead_joins():
     _same_results(mod, new, params)
 
 
+def test_groups_are_reported_in_program_order():
+    params = [((4,), "float32"), ((4,), "float32"), ((2,), "float16"), ((2,), "float16")]
+    xs = _vars(*params)
+    reports = _reports(CB.AllReduceCombiner, _mod(xs, [C.allreduce(x) for x in xs]))[1]
+    assert [(r.num_ops, r.nbytes, r.key[-1]) for r in reports] == [(2, 32, "float32"), (2, 8, "float16")]
+
+
 def test_thresholds_exact():
     params = [((48,), "float32"), ((1,), "float32"), ((1,), "float32")]
     xs = _vars(*params)

@@ -144,7 +144,7 @@ def _legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
         dims = [tirx.Var(f"n{i}", "int64") for i in range(ty.ndim)]
         inputs = [bb.match_cast(call.args[0], relax.TensorType(dims, str(ty.dtype)))]
         shape = relax.ShapeExpr(dims)
-    if inputs and not _static(_type_of(inputs[0])):  # MPI would not notice ranks that disagree
+    if kind not in S.P2P_KINDS and not _static(_type_of(inputs[0])):  # MPI would not notice ranks that disagree
         groups = S.encode_groups(spec.groups)
         bb.emit(relax.Call(relax.ExternFunc(S.AGREE_SHAPES), [inputs[0], convert_to_expr(kind), convert_to_expr(groups)],
                            ty_args=[relax.ObjectType()]))

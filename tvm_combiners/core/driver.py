@@ -78,15 +78,19 @@ class CombineSettings:
         self.on_combine = on_combine
 
     def plan(self, graph: Graph, expr_of: Callable[[int], Any],
-             bindings: Callable[[], Any] | None = None) -> list[CombinePlan]:
+             bindings: Callable[[], Any] | None = None,
+             cannot_emit: Callable[[CombinePlan], bool] | None = None) -> list[CombinePlan]:
         """Plans for one region; ``expr_of`` maps a node back to its IR expression.
 
         ``bindings`` returns the function's variable-to-value map, which TVM's form of ``check``
-        receives (computed only when such a check is set).
+        receives (computed only when such a check is set). ``cannot_emit`` lets an adapter refuse
+        a plan its IR cannot express; the planner then tries other groupings, as for a user's veto.
         """
         cached: list[Any] = []
 
         def veto(plan: CombinePlan) -> bool:
+            if cannot_emit is not None and cannot_emit(plan):
+                return True
             if self.tvm_check is not None:
                 if not cached:
                     cached.append(bindings() if bindings is not None else {})

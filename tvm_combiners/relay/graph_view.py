@@ -82,6 +82,14 @@ def _has_symbolic_vars(expr: Any) -> bool:
         not isinstance(d, (tvm.tir.IntImm, tvm.tir.Any)) for d in ty.shape)
 
 
+def cannot_emit(graph: Graph, plan: Any) -> bool:
+    """Plans Relay cannot type: inputs of ``n`` rows (a ``tir.Var``) joined with others for a shared
+    weight come back out of the split typed ``3 + n - 3``, which Relay's solver does not unify with ``n``."""
+    if plan.shares != "weight":
+        return False
+    return any(_has_symbolic_vars(graph[graph[r].operands[graph[r].root.data]].handle) for r in plan.roots)
+
+
 def _is_unknown(dim: Dim) -> bool:
     return isinstance(dim, SymDim) and dim.name.startswith("?")
 
@@ -192,8 +200,6 @@ def _matmul_root(name: str, attrs: Any, graph: Graph, node: Any) -> RootInfo | N
     if name != "nn.dense" and bool(attrs.transpose_a):  # dense has no such attribute (a raised FFI error)
         return None  # matmul and batch_matmul: a transposed input is never read as [.., M, K]
     data, weight = (graph[i] for i in node.operands)
-    if _has_symbolic_vars(data.handle):
-        return None  # joined with another input's rows, ``n`` rows come back typed ``3 + n - 3``: no unifying that
     family = "batch_matmul" if name == "nn.batch_matmul" else "dense"
     transposed = True if name == "nn.dense" else bool(attrs.transpose_b)
     root = matmul_root(family, data.shape, weight.shape, node.shape, transposed,

@@ -8,13 +8,13 @@ import tvm
 from tvm import relay
 
 from ..core.driver import CombineSettings, gc_paused, pass_factory
-from .graph_view import BodyView, UnsupportedRegion, UntypedBody, build_body_view, checked_type
+from .graph_view import BodyView, UnsupportedRegion, UntypedBody, build_body_view, cannot_emit, checked_type
 from .rewrite import rewrite_body
 
 
 def _build(settings: CombineSettings) -> tvm.transform.Pass:
     def rewrite_function(func: relay.Function, view: BodyView) -> relay.Function:
-        plans = settings.plan(view.graph, view.expr_of)
+        plans = settings.plan(view.graph, view.expr_of, cannot_emit=lambda plan: cannot_emit(view.graph, plan))
         if not plans:
             return func
         body = rewrite_body(view, plans, func.body)

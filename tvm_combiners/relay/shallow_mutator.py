@@ -57,5 +57,7 @@ class ShallowExprMutator(relay.ExprMutator):
                 memo[node] = super().visit(node)
                 continue
             stack.append((node, True))
-            stack.extend((child, False) for child in _operands(node) if child not in memo)
+            # reversed: the first operand is popped, and finished, first, as the recursion would
+            # (subclasses' side effects, such as reports and numbering, keep their order)
+            stack.extend((child, False) for child in reversed(_operands(node)) if child not in memo)
         return memo[expr]

@@ -178,7 +178,9 @@ def _terminate_as_interrupt() -> Iterator[None]:
     def interrupt(signum: int, _frame: Any) -> None:
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
-    saved = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    # a signal ignored by whoever started us (nohup ignores SIGHUP) stays ignored
+    caught = [sig for sig in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(sig) is not signal.SIG_IGN]
+    saved = {sig: signal.signal(sig, interrupt) for sig in caught}
     try:
         yield
     finally:
@@ -214,11 +216,12 @@ def launch(n: int, argv: list[str], timeout: float | None = None) -> int:
     timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
     if not 0 < timeout < math.inf:  # NaN and inf too: no rank may wait forever
         raise ValueError(f"{PREFIX}: the timeout must be a positive, finite number of seconds, got {timeout:g}")
-    if shutil.which(argv[0]) is None:
+    command = rank_command(argv)  # a bare python is this interpreter, on PATH or not
+    if shutil.which(command[0]) is None:
         raise ValueError(f"{PREFIX}: command not found: {argv[0]!r} (not an executable path, nor on PATH)")
     mpiexec = find_mpiexec()
     with tempfile.TemporaryDirectory(prefix="tvm-combiners-launch-") as folder:
-        cmd = [mpiexec, "-n", str(n), "-errfile-pattern", f"{folder}/rank.%r", *rank_command(argv)]
+        cmd = [mpiexec, "-n", str(n), "-errfile-pattern", f"{folder}/rank.%r", *command]
         tail = _Tail(Path(folder), n)
         tail.start()
         start = time.monotonic()
