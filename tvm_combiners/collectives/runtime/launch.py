@@ -204,7 +204,9 @@ def rank_environment(n: int, environ: dict[str, str] | None = None) -> dict[str,
 def launch(n: int, argv: list[str], timeout: float | None = None) -> int:
     """Run ``argv`` on ``n`` ranks; return its exit code (124 after a timeout), naming failed ranks.
 
-    ``timeout`` (seconds, default 300) bounds the whole job: past it every rank is killed.
+    ``timeout`` (seconds, default 300) bounds the whole job: past it every rank is killed. So does
+    Ctrl-C, or a SIGTERM or SIGHUP to this process (in the main thread): the ranks are killed and
+    ``KeyboardInterrupt`` (its message names the signal) propagates.
     """
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"{PREFIX}: the number of ranks must be a positive integer, got {n!r}")
