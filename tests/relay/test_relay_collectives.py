@@ -160,6 +160,10 @@ NT = var((2,), "int32", name="nt")
         (lambda: C.after_all(TOK, XI),
          "after_all: argument 1 must be a token (a 0-d int32 tensor), got a tensor of shape (4, 6) and dtype int32"),
         (lambda: C.allreduce([1, 2]), "allreduce: x must be a Relay expression holding a tensor, got [1, 2]"),
+        (lambda: C.allgather(relay.var("d", shape=(2, relay.Any())), axis=0, group=[[0]]),
+         "allgather: x has the dynamic extent ? on axis 1; Relay collectives need static shapes (Relax's take symbolic ones)"),
+        (lambda: C.send(relay.var("d", shape=(tvm.tir.Var("n", "int64"),)), [[0, 0]]),
+         "send: x has the dynamic extent n on axis 0; Relay collectives need static shapes (Relax's take symbolic ones)"),
     ],
 )
 def test_validation_messages(make, msg):

@@ -88,6 +88,11 @@ def _check_tensor(kind: str, what: str, ty: Any) -> tuple[list[Any], str]:
     dims, dtype = _dims(ty)
     if dims is None or dtype is None:
         raise S.CollectiveError(f"{kind}: {what} must be a tensor of known rank, got {ty}")
+    dynamic = [i for i, d in enumerate(dims) if not isinstance(d, int)]
+    if dynamic:  # the executors would need a shape function (the VM failed with an InternalError)
+        extent = "?" if isinstance(dims[dynamic[0]], tvm.tir.Any) else dims[dynamic[0]]
+        raise S.CollectiveError(f"{kind}: {what} has the dynamic extent {extent} on axis {dynamic[0]}; "
+                                "Relay collectives need static shapes (Relax's take symbolic ones)")
     return dims, dtype
 
 
