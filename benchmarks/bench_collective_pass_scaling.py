@@ -73,20 +73,13 @@ def relay_case(n: int, form: str):
 
 
 def _collectives(ir: str, mod) -> int:
-    if ir == "relax":
-        from tvm import relax
+    import importlib
 
-        from tvm_combiners.collectives import relax as C
+    import tvm
 
-        found = []
-        relax.analysis.post_order_visit(mod["main"], lambda e: found.append(C.info(e) is not None))
-        return sum(found)
-    from tvm import relay
-
-    from tvm_combiners.collectives import relay as C
-
+    C = importlib.import_module(f"tvm_combiners.collectives.{ir}")
     found = []
-    relay.analysis.post_order_visit(mod["main"], lambda e: found.append(C.info(e) is not None))
+    getattr(tvm, ir).analysis.post_order_visit(mod["main"], lambda e: found.append(C.info(e) is not None))
     return sum(found)
 
 

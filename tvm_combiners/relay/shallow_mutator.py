@@ -17,7 +17,7 @@ from tvm import relay
 
 
 def _operands(expr: Any) -> list[Any]:
-    """What ``ExprMutator.visit_*`` visits of ``expr``, in any order."""
+    """What ``ExprMutator.visit_*`` visits of ``expr``, in the order it visits them."""
     if isinstance(expr, relay.Call):
         return [expr.op, *expr.args]
     if isinstance(expr, relay.Tuple):

@@ -11,9 +11,9 @@ A unit's dependencies are the variables and symbolic dims it reads, plus the ord
 write imposes on the readers of its buffer (:mod:`..dependences`); a recv also waits for the send
 it is matched with, whichever families combine (OrderSendRecv runs first, so that send comes
 earlier); an impure call we do not know is a barrier (nothing moves across it). The region is
-re-emitted in the contracted order the planner returns. A combined group is: one pack kernel (``call_tir``), the collective on the flat buffer,
-one unpack kernel whose outputs are bound to the members' original variables (so users are
-untouched).
+re-emitted in the contracted order the planner returns. A combined group is: one pack kernel
+(``call_tir``), the collective on the flat buffer, one unpack kernel whose outputs are bound to
+the members' original variables (so users are untouched).
 
 Options (every pass): ``threshold_bytes`` / ``threshold_count`` bound one combined op (payload
 bytes per rank, exact; <= 0 or a count below 2 disables the pass); ``on_combine`` gets a

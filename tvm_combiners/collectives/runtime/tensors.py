@@ -8,7 +8,6 @@ is built from the DLTensor's data pointer instead.  Both views alias the tensor'
 
 from __future__ import annotations
 
-import ctypes
 import math
 from collections.abc import Callable
 from typing import Any
@@ -52,12 +51,15 @@ def _legacy_view(t: Any) -> np.ndarray:
     dtype = _dtypes.get(key)
     if dtype is None:
         dtype = _dtypes[key] = np.dtype(str(code))
-    shape = t.shape
+    return _view_at(handle.data + handle.byte_offset, t.shape, dtype)
+
+
+def _view_at(address: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A writable numpy view of ``shape`` elements of ``dtype`` at ``address`` (no copy)."""
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes == 0:
         return np.empty(shape, dtype)
-    buf = mpi().buffer.fromaddress(handle.data + handle.byte_offset, nbytes)
-    return np.frombuffer(buf, dtype).reshape(shape)
+    return np.frombuffer(mpi().buffer.fromaddress(address, nbytes), dtype).reshape(shape)
 
 
 def _dlpack_view(t: Any) -> np.ndarray:
@@ -74,11 +76,7 @@ def _address_view(t: Any) -> np.ndarray:
         dtype = np.dtype(str(t.dtype))
     except (ImportError, TypeError) as err:
         raise TypeError(f"tvm_combiners: a {t.dtype} tensor has no numpy view here ({err})") from None
-    shape = tuple(int(d) for d in t.shape)
-    nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes == 0:
-        return np.empty(shape, dtype)
-    return np.frombuffer((ctypes.c_byte * nbytes).from_address(data_ptr(t)), dtype).reshape(shape)
+    return _view_at(data_ptr(t), tuple(int(d) for d in t.shape), dtype)
 
 
 # host_view(t): a writable numpy view of a CPU tensor (no copy); bound directly, it sits on the hot path.
