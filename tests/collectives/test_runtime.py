@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from tvm_combiners.collectives.runtime import launch as launch_mod_func
-from tvm_combiners.collectives.runtime.launch import find_mpiexec, rank_command, rank_error
+from tvm_combiners.collectives.runtime.launch import RANK_MAIN, find_mpiexec, rank_command, rank_error
 from tvm_combiners.collectives.runtime.nccl import choose_path, gpu_identity
 
 PROG = Path(__file__).parent / "progs" / "runtime_prog.py"
@@ -195,13 +195,40 @@ def test_a_rank_that_dies_is_reported(mode: str, error: str, tmp_path: Path) -> 
         assert "(no rank reported an error; a rank exited with code 9, or was killed by SIGKILL)" in proc.stderr
 
 
+def test_a_rank_that_leaves_with_os_exit_fails_the_job(tmp_path: Path) -> None:
+    """mpiexec stopped rank 0 in its barrier and exited 0: the job passed though no rank finished."""
+    proc = _run(2, "os_exit", tmp_path, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip().endswith(
+        "tvm-combiners launch: the job did not finish: rank 1 ended its program, exit code 0, while rank 0 had not; "
+        "mpiexec stopped rank 0 and exited 0 (did a rank leave with os._exit or sys.exit before its peers were "
+        "done?)"), proc.stderr
+    assert not list(tmp_path.glob("*.passed"))
+
+
+def test_a_rank_that_leaves_with_sys_exit_is_named_at_the_timeout(tmp_path: Path) -> None:
+    proc = _run(3, "sys_exit", tmp_path, timeout=6)
+    assert proc.returncode == 124
+    assert ("tvm-combiners launch: timed out after 6 s: killed all 3 ranks (rank 1 ended its program, exit code 0, "
+            "while ranks 0, 2 had not: did ranks 0, 2 wait in a collective or recv that the others left "
+            "without?)") in proc.stderr, proc.stderr
+
+
+def test_ranks_that_all_end_with_os_exit_pass(tmp_path: Path) -> None:
+    """Programs that skip MPI's finalization with os._exit(0) at their end are not failures."""
+    proc = _run(2, "all_os_exit", tmp_path, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "tvm-combiners launch" not in proc.stderr
+    assert sorted(p.name for p in tmp_path.glob("*.passed")) == ["rank0.passed", "rank1.passed"]
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_to_the_launcher_ends_every_rank(sig: signal.Signals, tmp_path: Path) -> None:
     """The ranks run in a session of their own: a SIGTERM to the launcher left them busy-polling."""
     cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "2", "--timeout", "120", "--",
            "python", str(PROG), str(tmp_path), "hang"]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
-    rank = f"{sys.executable} -m mpi4py {PROG} {tmp_path} hang"  # a rank's command line (not mpiexec's)
+    rank = f"{sys.executable} {RANK_MAIN} {PROG} {tmp_path} hang"  # a rank's command line (not mpiexec's)
     deadline = time.monotonic() + 60
     while _processes().splitlines().count(rank) < 2 and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -289,15 +316,28 @@ def test_missing_mpiexec_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_python_commands_run_under_mpi4py() -> None:
-    exe = sys.executable
-    assert rank_command(["python", "prog.py", "-v"]) == [exe, "-m", "mpi4py", "prog.py", "-v"]
-    assert rank_command(["python3", "-u", "-X", "dev", "prog.py"]) == [exe, "-u", "-X", "dev", "-m", "mpi4py",
-                                                                       "prog.py"]
-    assert rank_command(["python", "-m", "pkg.mod", "a"]) == [exe, "-m", "mpi4py", "-m", "pkg.mod", "a"]
-    assert rank_command(["python", "-c", "print(1)"]) == [exe, "-m", "mpi4py", "-c", "print(1)"]
-    assert rank_command(["python", "-m", "mpi4py", "p.py"]) == [exe, "-m", "mpi4py", "p.py"]
-    assert rank_command(["/opt/py/bin/python3.11", "p.py"]) == ["/opt/py/bin/python3.11", "-m", "mpi4py", "p.py"]
+    exe, main = sys.executable, RANK_MAIN
+    assert rank_command(["python", "prog.py", "-v"]) == [exe, main, "prog.py", "-v"]
+    assert rank_command(["python3", "-u", "-X", "dev", "prog.py"]) == [exe, "-u", "-X", "dev", main, "prog.py"]
+    assert rank_command(["python", "-m", "pkg.mod", "a"]) == [exe, main, "-m", "pkg.mod", "a"]
+    assert rank_command(["python", "-c", "print(1)"]) == [exe, main, "-c", "print(1)"]
+    assert rank_command(["python", "-m", "mpi4py", "p.py"]) == [exe, main, "p.py"]
+    assert rank_command(["/opt/py/bin/python3.11", "p.py"]) == ["/opt/py/bin/python3.11", main, "p.py"]
     assert rank_command(["./a.out", "python"]) == ["./a.out", "python"]
+
+
+def test_ranks_find_the_programs_modules_as_under_python_m_mpi4py(tmp_path: Path) -> None:
+    """rank_main.py runs by path: its own folder (comm.py, nccl.py...) must not shadow the program's imports."""
+    (tmp_path / "comm.py").write_text("WHERE = 'cwd'\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "comm.py").write_text("WHERE = 'script dir'\n")
+    (tmp_path / "sub" / "prog.py").write_text("import sys, comm\nassert comm.WHERE == 'script dir', comm.WHERE\n")
+    (tmp_path / "mod.py").write_text("import comm\nassert comm.WHERE == 'cwd', comm.WHERE\n")
+    for argv in (["python", "sub/prog.py"], ["python", "-m", "mod"], ["python", "-c", "import mod"]):
+        proc = subprocess.run([sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "1",
+                               "--timeout", "60", "--", *argv], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=90)
+        assert proc.returncode == 0, (argv, proc.stderr)
 
 
 def test_rank_error_reads_traceback_or_abort() -> None:

@@ -1,8 +1,9 @@
 """Run a command on N ranks with the venv's mpiexec, and never let a rank wait forever.
 
-``python`` programs run as ``python -m mpi4py prog.py``: an uncaught exception on one rank then
-calls MPI_Abort and ends the whole job (plain ``python prog.py`` would leave the other ranks waiting
-in their collectives).  A hung rank is handled by the timeout: mpiexec gets SIGTERM (it tears down
+``python`` programs run under mpi4py's entry point (``rank_main.py``, which is ``python -m mpi4py``
+plus a marker at the program's end): an uncaught exception on one rank then calls MPI_Abort and ends
+the whole job (plain ``python prog.py`` would leave the other ranks waiting in their collectives),
+and a rank that mpiexec stopped before its program ended is named even when the job exits 0.  A hung rank is handled by the timeout: mpiexec gets SIGTERM (it tears down
 its ranks), then every process of the job still alive gets SIGKILL.  Each rank's stderr goes to its
 own file (mpiexec's ``-errfile-pattern``) and is copied live to our stderr prefixed ``[rank R]``; at
 the end every rank that raised is named with its error.  stdout passes through untouched.
@@ -26,9 +27,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .rank_main import MARKER_DIR
+
 DEFAULT_TIMEOUT = 300.0
 PREFIX = "tvm-combiners launch"
-# interpreter options that take a value, kept before ``-m mpi4py``
+# interpreter options that take a value, kept before rank_main.py
 _PY_VALUE_OPTS = {"-W", "-X", "--check-hash-based-pycs"}
 _PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
 
@@ -45,10 +48,14 @@ def find_mpiexec() -> str:
     return found
 
 
-def rank_command(argv: list[str]) -> list[str]:
-    """``python [opts] prog.py args`` -> ``<this python> [opts] -m mpi4py prog.py args``; others unchanged.
+RANK_MAIN = str(Path(__file__).with_name("rank_main.py"))
 
-    A bare ``python``/``python3`` becomes this interpreter, so the ranks see the same packages.
+
+def rank_command(argv: list[str]) -> list[str]:
+    """``python [opts] prog.py args`` -> ``<this python> [opts] rank_main.py prog.py args``; others unchanged.
+
+    A bare ``python``/``python3`` becomes this interpreter, so the ranks see the same packages;
+    ``python -m mpi4py ...`` runs through rank_main.py too.
     """
     if not argv or not _PYTHON.fullmatch(os.path.basename(argv[0])):
         return list(argv)
@@ -56,9 +63,8 @@ def rank_command(argv: list[str]) -> list[str]:
     i = 1
     while i < len(argv) and argv[i].startswith("-") and argv[i] not in ("-m", "-c", "-"):
         i += 2 if argv[i] in _PY_VALUE_OPTS else 1
-    if argv[i:i + 2] == ["-m", "mpi4py"]:
-        return [exe, *argv[1:]]
-    return [exe, *argv[1:i], "-m", "mpi4py", *argv[i:]]
+    rest = argv[i + 2:] if argv[i:i + 2] == ["-m", "mpi4py"] else argv[i:]
+    return [exe, *argv[1:i], RANK_MAIN, *rest]
 
 
 def rank_error(text: str) -> str | None:
@@ -139,6 +145,29 @@ def _descendants(pid: int) -> list[int]:
             found.append(child)
             todo.append(child)
     return found
+
+
+def _program_ends(folder: Path, n: int) -> dict[int, int]:
+    """Each rank whose program ended (``rank_main``'s markers) -> its exit code."""
+    ends = {}
+    for r in range(n):
+        with contextlib.suppress(OSError, ValueError):
+            ends[r] = int((folder / f"done.{r}").read_text())
+    return ends
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def _left_early(ends: dict[int, int], n: int) -> tuple[str, str] | None:
+    """('rank 1 ended its program, exit code 0, while rank 0 had not', 'rank 0'): only some ranks ended theirs."""
+    running = [r for r in range(n) if r not in ends]
+    if not ends or not running:
+        return None
+    codes = ", ".join(map(str, sorted(set(ends.values()))))
+    return (f"{_ranks(sorted(ends))} ended {'its' if len(ends) == 1 else 'their'} program, exit code {codes}, "
+            f"while {_ranks(running)} had not", _ranks(running))
 
 
 def _kill_job(proc: subprocess.Popen) -> None:
@@ -222,6 +251,7 @@ def launch(n: int, argv: list[str], timeout: float | None = None) -> int:
     if shutil.which(command[0]) is None:
         raise ValueError(f"{PREFIX}: command not found: {argv[0]!r} (not an executable path, nor on PATH)")
     mpiexec = find_mpiexec()
+    marked = RANK_MAIN in command  # python ranks mark the end of their program
     with tempfile.TemporaryDirectory(prefix="tvm-combiners-launch-") as folder:
         cmd = [mpiexec, "-n", str(n), "-errfile-pattern", f"{folder}/rank.%r", *command]
         tail = _Tail(Path(folder), n)
@@ -230,7 +260,8 @@ def launch(n: int, argv: list[str], timeout: float | None = None) -> int:
         timed_out, proc = False, None
         try:
             with _terminate_as_interrupt():
-                proc = subprocess.Popen(cmd, start_new_session=True, env=rank_environment(n))
+                env = {**rank_environment(n), MARKER_DIR: folder}
+                proc = subprocess.Popen(cmd, start_new_session=True, env=env)
                 code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
@@ -242,16 +273,22 @@ def launch(n: int, argv: list[str], timeout: float | None = None) -> int:
             tail.finish()
             raise
         texts = tail.finish()
+        early = _left_early(_program_ends(Path(folder), n), n) if marked else None
     elapsed = time.monotonic() - start
     failed = [(r, err) for r, err in ((r, rank_error(t)) for r, t in enumerate(texts)) if err]
     for r, err in failed:
         print(f"{PREFIX}: rank {r} failed: {err}", file=sys.stderr)
     if timed_out:
-        print(f"{PREFIX}: timed out after {timeout:g} s: killed all {n} ranks "
-              "(a rank hung, or waits for a peer that never comes)", file=sys.stderr)
+        why = (f"{early[0]}: did {early[1]} wait in a collective or recv that the others left without?" if early
+               else "a rank hung, or waits for a peer that never comes")
+        print(f"{PREFIX}: timed out after {timeout:g} s: killed all {n} ranks ({why})", file=sys.stderr)
     elif code != 0 and not failed:
         print(f"{PREFIX}: the job exited with code {code} after {elapsed:.1f} s (no rank reported an error"
-              f"{_signal_hint(code)})", file=sys.stderr)
+              f"{_signal_hint(code)}{'; ' + early[0] if early else ''})", file=sys.stderr)
+    elif code == 0 and early:  # mpiexec stopped the rest when a rank left with code 0
+        print(f"{PREFIX}: the job did not finish: {early[0]}; mpiexec stopped {early[1]} and exited 0 "
+              "(did a rank leave with os._exit or sys.exit before its peers were done?)", file=sys.stderr)
+        code = 1
     sys.stderr.flush()
     return code
 
@@ -263,7 +300,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"seconds before every rank is killed (default {DEFAULT_TIMEOUT:g})")
     # dest "argv", not "command": tvm-combiners' subparsers already store the subcommand in "command"
     parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="command",
-                        help="the command after '--'; python programs run as python -m mpi4py")
+                        help="the command after '--'; python programs run as under python -m mpi4py")
 
 
 def main(args: argparse.Namespace) -> int:

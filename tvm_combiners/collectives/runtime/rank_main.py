@@ -1,0 +1,55 @@
+"""What ``launch`` runs a python rank as: mpi4py's ``python -m mpi4py`` plus an end-of-program marker.
+
+mpiexec cannot tell a rank that finished its program from one stopped on the way: when one rank
+leaves early with code 0 (``os._exit(0)`` before a collective), mpiexec stops the others and the job
+exits 0 although no rank finished.  So each rank writes ``done.<rank>`` (its exit code) into
+launch's folder when its program ends, by returning, ``sys.exit`` or ``os._exit``; a rank without
+one was stopped, and launch says so.
+
+Run by path, not ``-m``, so that the rank imports nothing of tvm_combiners (its package import
+loads TVM, seconds per rank) and any interpreter with mpi4py can run it; kept to the standard
+library for that reason.
+"""
+
+import os
+import sys
+
+MARKER_DIR = "TVM_COMBINERS_LAUNCH_DIR"  # launch's folder, set by launch for the ranks
+
+
+def _mark(code: object) -> None:
+    folder, rank = os.environ.get(MARKER_DIR), os.environ.get("PMI_RANK")
+    if not folder or rank is None:
+        return
+    try:
+        with open(os.path.join(folder, f"done.{rank}"), "w") as f:
+            f.write(f"{code if isinstance(code, int) else (0 if code is None else 1)}\n")
+    except OSError:
+        pass  # launch's folder gone (launch killed): nobody is left to read it
+
+
+def _marking_exit(real_exit):  # noqa: ANN001, ANN202 - keeps os._exit's signature
+    def _exit(code: int) -> None:
+        _mark(code)
+        real_exit(code)
+    return _exit
+
+
+def main() -> None:
+    # ran by path, python put this folder first on sys.path: give it back to the program, as -m would
+    # (under -P or -I python put nothing there and there is nothing to give back)
+    if sys.path and os.path.realpath(sys.path[0] or ".") == os.path.dirname(os.path.realpath(__file__)):
+        sys.path[0] = os.getcwd()
+    from mpi4py import run  # mpi4py's own entry: an uncaught exception calls MPI_Abort
+
+    os._exit = _marking_exit(os._exit)
+    try:
+        run.main()
+    except SystemExit as exc:
+        _mark(exc.code)
+        raise
+    _mark(0)
+
+
+if __name__ == "__main__":
+    main()
