@@ -151,9 +151,8 @@ def test_prog_cases_combine(n):
         assert kinds == ({"allreduce", "allgather", "reduce_scatter"} if name == "collectives" else {"send_recv"})
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_random_dags_keep_results_one_rank(seed):
-    """Seeded random DAGs of collectives, transfers and compute (one rank): acyclic, equal results."""
+def _random_dag(seed):
+    """Seeded random DAG of collectives, transfers and compute: (module, parameter specs)."""
     rng = np.random.default_rng(seed)
     params = [(((4,), (2, 3), (3, 2))[int(rng.integers(3))], str(rng.choice(["float32", "int32"]))) for _ in range(3)]
     xs = _vars(*params)
@@ -177,11 +176,33 @@ def test_random_dags_keep_results_one_rank(seed):
             v = C.recv(shape, dtype, [[0, 0]], channel_id=channel, token=C.send(x, [[0, 0]], channel_id=channel))
         values.append(v)
         types.append(relay.transform.InferTypeLocal(v))
-    mod = _mod(xs, values[len(xs):])
+    return _mod(xs, values[len(xs):]), params
+
+
+_KINDS = ("allreduce", "allgather", "reduce_scatter", "send")
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_dags_keep_results_one_rank(seed):
+    """Seeded random DAGs of collectives, transfers and compute (one rank): acyclic, equal results."""
+    mod, params = _random_dag(seed)
     for kw in ({}, {"threshold_bytes": 40, "threshold_count": 2}):
         new = CB.CombineCollectives(combine_by_dim=False, **kw)(mod)
-        assert all(_count(new, k) <= _count(mod, k) for k in ("allreduce", "allgather", "reduce_scatter", "send"))
+        assert all(_count(new, k) <= _count(mod, k) for k in _KINDS)
         _same_results(mod, new, params)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_dags_in_let_form_combine_as_in_graph_form(seed):
+    """After ToANormalForm every operand is bound just before its collective: the chain is reordered,
+    so as many ops combine as in graph form (none did before), with the same results (VM)."""
+    mod, params = _random_dag(seed)
+    anf = relay.transform.InferType()(relay.transform.ToANormalForm()(mod))
+    args = [P.data(0, s, d, i) for i, (s, d) in enumerate(params)]
+    for kw in ({}, {"threshold_bytes": 40, "threshold_count": 2}):
+        graph, let = (CB.CombineCollectives(combine_by_dim=False, **kw)(m) for m in (mod, anf))
+        assert [_count_all(let, k) for k in _KINDS] == [_count_all(graph, k) for k in _KINDS]
+        _same_vm_results(mod, let, args)
 
 
 # --------------------------------------------------------------------------- scopes: branches, closures, lets, loops
@@ -231,22 +252,62 @@ def test_closure_collective_not_combined_with_outside():
     assert CB.CombineCollectives()(alone).same_as(alone)
 
 
-def test_let_form_combines_only_where_every_operand_is_in_scope():
+def test_let_form_chain_is_reordered_so_that_late_operands_combine():
+    """``z`` is bound after the first allreduce: the combined op goes after it, and so does ``a``."""
     x = relay.var("x", shape=(3,), dtype="float32")
     a, b, z = relay.var("a"), relay.var("b"), relay.var("z", shape=(3,), dtype="float32")
-    # z is bound after the first allreduce: one op for both would read z before its binding
     late = relay.Let(a, C.allreduce(x), relay.Let(z, relay.multiply(x, relay.const(2.0)),
                                                   relay.Let(b, C.allreduce(z), relay.Tuple([a, b]))))
-    late_mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], late)))
-    assert CB.CombineCollectives()(late_mod).same_as(late_mod)
+    mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], late)))
+    new, reports = _reports(CB.CombineCollectives, mod)
+    assert [r.num_ops for r in reports] == [2] and _count_all(new, "allreduce") == 1
+    bound, result = CB._let_chain(new["main"].body)
+    names = [v.name_hint for v, _ in bound]
+    assert names[:2] == ["z", "combined_allreduce"] and sorted(names[2:]) == ["a", "b"]
+    by_name = {v.name_hint: v for v, _ in bound}
+    assert [f.same_as(by_name[n]) for f, n in zip(result.fields, "ab")] == [True, True]  # read as before
+    _same_vm_results(mod, new, [np.arange(3, dtype="float32")])
+
+
+def test_layered_step_in_let_form_combines_as_in_graph_form():
+    """A data-parallel step's shape after ToANormalForm: each operand bound just before its collective,
+    each result read by the next layer's code; nothing combined before the chain was reordered."""
+    x, w = relay.var("x", shape=(4, 16)), relay.var("w", shape=(16, 16))
+    h, outs = x, []
+    for _ in range(4):
+        h = relay.nn.relu(relay.nn.dense(h, w))
+        outs += [C.allreduce(relay.multiply(h, relay.const(0.5))), C.allreduce(relay.sum(h, axis=[0]))]
+        outs.append(relay.add(C.allgather(relay.strided_slice(h, [0], [1]), axis=0, group=ONE), relay.const(1.0)))
+        h = relay.add(h, relay.sum(outs[-3]))  # the next layer reads this layer's allreduce
+    graph = _mod([x, w], [h, *outs])
+    let = relay.transform.InferType()(relay.transform.ToANormalForm()(graph))
+    combined = [_reports(CB.CombineCollectives, m)[1] for m in (graph, let)]
+    assert [[(r.kind, r.num_ops) for r in reps] for reps in combined] == [[("allreduce", 2)] * 4 + [("allgather", 4)]] * 2
+    args = [np.linspace(-1, 1, 64, dtype="float32").reshape(4, 16), np.eye(16, dtype="float32") * 0.5]
+    _same_vm_results(let, CB.CombineCollectives()(let), args)
+
+
+def test_let_form_left_where_the_chain_cannot_carry_a_group():
+    """A member inside a larger value cannot move on its own: its group is built only in scope."""
+    x = relay.var("x", shape=(3,), dtype="float32")
+    a, z = relay.var("a"), relay.var("z", shape=(3,), dtype="float32")
+    inner = relay.Let(a, relay.add(C.allreduce(x), relay.const(1.0)), relay.Let(
+        z, relay.multiply(x, relay.const(2.0)), relay.Tuple([a, C.allreduce(z)])))
+    inner_mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], inner)))
+    assert CB.CombineCollectives()(inner_mod).same_as(inner_mod)
     u, v = relay.var("u", shape=(3,), dtype="float32"), relay.var("v", shape=(3,), dtype="float32")
     early = relay.Let(u, relay.multiply(x, relay.const(2.0)), relay.Let(v, relay.add(x, relay.const(1.0)),
                                                                        relay.Tuple([C.allreduce(u), C.allreduce(v)])))
     early_mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], early)))
     new, reports = _reports(CB.AllReduceCombiner, early_mod)
     assert [r.num_ops for r in reports] == [2] and _count_all(new, "allreduce") == 1
-    for m in (late_mod, early_mod):
-        _same_vm_results(m, CB.CombineCollectives()(m), [np.arange(3, dtype="float32")])
+    _same_vm_results(early_mod, new, [np.arange(3, dtype="float32")])
+    # a reference cell's reads and writes are ordered by no dependence: such a chain is not reordered
+    cell = relay.var("cell")
+    refs = relay.Let(cell, relay.RefCreate(relay.multiply(x, relay.const(0.0))), relay.Let(
+        a, C.allreduce(x), relay.Let(z, relay.RefRead(cell), relay.Tuple([a, C.allreduce(z)]))))
+    refs_mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], refs)))
+    assert CB.CombineCollectives()(refs_mod).same_as(refs_mod)
 
 
 def _loop_module(with_collectives: bool) -> tvm.IRModule:

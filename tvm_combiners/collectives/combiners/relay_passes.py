@@ -4,8 +4,9 @@ The region is what a function evaluates unconditionally (:func:`..relay.region`)
 (the executors' order), each expression a node reading its operands; an if, closure or loop is one
 opaque node, and one holding collectives is a barrier, as an if is in Relax. A recv also reads the
 send it is matched with, whatever families are enabled. Groups come from the same planner as Relax
-(:mod:`.planning`); in let-form code a group whose combined op would read a let variable out of
-scope is not built. Packing is plain Relay that ``FuseOps`` turns into one kernel: ``reshape`` /
+(:mod:`.planning`). A let chain whose collectives are whole top-level bindings (A-normal form) is
+re-emitted in the planner's contracted order, as Relax's bindings are; in other let-form code a group
+whose combined op would read a let variable out of scope is not built. Packing is plain Relay that ``FuseOps`` turns into one kernel: ``reshape`` /
 ``transpose`` of every operand into its block layout (:mod:`.keys`) and one ``concatenate``;
 unpacking is one ``strided_slice`` per result (fused with its reshape and the allgather reorder). ``concatenate`` cannot mix
 dtypes, so in Relay allgathers and transfers of different dtypes stay apart.
@@ -19,8 +20,9 @@ before ``relay.build``, outside any target context).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import tvm
@@ -44,6 +46,7 @@ from .options import CombinerOptions
 from .planning import plan_region
 
 _DTYPE_BITS = ir_dtype_bits(tvm.DataType)
+_REFS = (relay.RefCreate, relay.RefRead, relay.RefWrite)
 
 
 
@@ -153,10 +156,36 @@ def _token_of(calls: list[relay.Expr]) -> relay.Expr:
     return tokens[0] if len(tokens) == 1 else CRL.after_all(*tokens)
 
 
-class _Rewrite(ShallowExprMutator):
-    """Replace every member of a group by its piece of the combined op (built once per group)."""
+_Group = tuple[str, list[_Op], "int | None"]  # role ("collective", "send", "recv"), members, channel
 
-    def __init__(self, groups: list[tuple[str, list[_Op], int | None]], opts: CombinerOptions) -> None:
+
+def _combined(group: _Group, opts: CombinerOptions,
+              visit: Callable[[relay.Expr], relay.Expr]) -> tuple[relay.Call, Callable[[relay.Expr], list[relay.Expr]]]:
+    """The group's one op over its members' packed operands (``visit``-ed), and what gives each member its
+    result from that op's value (the op itself in graph form, a variable bound to it in let form)."""
+    role, ops, channel = group
+    first = ops[0]
+    if role in ("send", "recv"):
+        plan = plan_pack("send_recv", [(op.shape, op.dtype, 0) for op in ops])
+        if role == "send":
+            opts.report("send_recv", len(ops), plan.total_bytes, first.key)
+            tok = _token_of([visit(op.call.args[1]) for op in ops])
+            packed = _pack(plan, [visit(op.call.args[0]) for op in ops])
+            return CRL._call(dataclasses.replace(first.spec, channel_id=channel), [packed, tok]), lambda t: [t] * len(ops)
+        tok = _token_of([visit(op.call.args[0]) for op in ops])
+        spec = dataclasses.replace(first.spec, channel_id=channel, shape=(plan.in_len,), dtype=plan.flat_dtype)
+        return CRL._call(spec, [tok]), functools.partial(_unpack, plan)
+    axis = first.spec.axis
+    plan = plan_pack(first.family, [(op.shape, op.dtype, op.spec.axis or 0) for op in ops], first.spec.group_size or 1)
+    opts.report(first.family, len(ops), plan.total_bytes, first.key)
+    packed = _pack(plan, [visit(op.call.args[0]) for op in ops])
+    return CRL._call(dataclasses.replace(first.spec, axis=None if axis is None else 0), [packed]), functools.partial(_unpack, plan)
+
+
+class _Rewrite(ShallowExprMutator):
+    """Graph form: replace every member of a group by its piece of the combined op (built once per group)."""
+
+    def __init__(self, groups: list[_Group], opts: CombinerOptions) -> None:
         super().__init__()
         self.opts = opts
         self.groups = groups
@@ -172,28 +201,65 @@ class _Rewrite(ShallowExprMutator):
             return super().visit_call(call)
         g, i = where
         if g not in self.built:
-            self.built[g] = self._build(*self.groups[g])
+            combined, pieces = _combined(self.groups[g], self.opts, self.visit)
+            self.built[g] = pieces(combined)
         return self.built[g][i]
 
-    def _build(self, role: str, ops: list[_Op], channel: int | None) -> list[relay.Expr]:
-        first = ops[0]
-        if role in ("send", "recv"):
-            plan = plan_pack("send_recv", [(op.shape, op.dtype, 0) for op in ops])
-            if role == "send":
-                self.opts.report("send_recv", len(ops), plan.total_bytes, first.key)
-                tok = _token_of([self.visit(op.call.args[1]) for op in ops])
-                packed = _pack(plan, [self.visit(op.call.args[0]) for op in ops])
-                done = CRL._call(dataclasses.replace(first.spec, channel_id=channel), [packed, tok])
-                return [done] * len(ops)
-            tok = _token_of([self.visit(op.call.args[0]) for op in ops])
-            spec = dataclasses.replace(first.spec, channel_id=channel, shape=(plan.in_len,), dtype=plan.flat_dtype)
-            return _unpack(plan, CRL._call(spec, [tok]))
-        axis = first.spec.axis
-        plan = plan_pack(first.family, [(op.shape, op.dtype, op.spec.axis or 0) for op in ops], first.spec.group_size or 1)
-        self.opts.report(first.family, len(ops), plan.total_bytes, first.key)
-        packed = _pack(plan, [self.visit(op.call.args[0]) for op in ops])
-        combined = CRL._call(dataclasses.replace(first.spec, axis=None if axis is None else 0), [packed])
-        return _unpack(plan, combined)
+
+def _units(groups: list[list[int]], transfers: list[tuple[list[int], list[int]]], ops: list[Any],
+           channels: _Channels) -> list[_Group]:
+    """The planner's units (:attr:`.planning.RegionPlan.units` order), transfers on fresh channels."""
+    units: list[_Group] = [("collective", [ops[m] for m in g], None) for g in groups]
+    for sends, recvs in transfers:
+        channel = channels.take()  # in program order: the same on every rank
+        units += [("send", [ops[m] for m in sends], channel), ("recv", [ops[m] for m in recvs], channel)]
+    return units
+
+
+def _let_chain(body: relay.Expr) -> tuple[list[tuple[relay.Var, relay.Expr]], relay.Expr]:
+    """``let v1 = e1; let v2 = e2; ...; result`` -> ([(v1, e1), (v2, e2), ...], result)."""
+    bindings = []
+    while isinstance(body, relay.Let):
+        bindings.append((body.var, body.value))
+        body = body.body
+    return bindings, body
+
+
+def _schedulable_chain(body: relay.Expr, reg: Any, bindings: list[tuple[relay.Var, relay.Expr]],
+                       ordered: list[bool]) -> bool:
+    """Let form where the chain can be re-emitted in the planner's order: every collective, send, recv
+    and opaque node holding some (``ordered``) is the whole value of one top-level binding, so it
+    moves exactly where the planner's order puts it; no two bindings share one value; and no
+    reference cell is read or written (the order between those is not a dependence the planner sees)."""
+    values = {value for _, value in bindings}
+    if len(values) != len(bindings) or not all(e in values for e, must in zip(reg.exprs, ordered) if must):
+        return False
+    refs: list[relay.Expr] = []
+    relay.analysis.post_order_visit(body, lambda e: refs.append(e) if isinstance(e, _REFS) else None)
+    return not refs
+
+
+def _reschedule(reg: Any, order: list[int], plan_order: list[int], units: list[_Group],
+                bindings: list[tuple[relay.Var, relay.Expr]], result: relay.Expr, opts: CombinerOptions) -> relay.Expr:
+    """The let chain re-emitted in the planner's contracted order, each group at its unit's place:
+    ``let c = <combined op>`` then every member's variable bound to its piece of ``c``."""
+    var_of = {value: var for var, value in bindings}
+    out: list[tuple[relay.Var, relay.Expr]] = []
+    for u in plan_order:
+        if u >= 0:
+            e = reg.exprs[order[u]]
+            if e in var_of:
+                out.append((var_of[e], e))
+            continue
+        group = units[-1 - u]
+        combined, pieces = _combined(group, opts, lambda e: e)
+        c = relay.Var(f"combined_{group[1][0].family}")
+        out.append((c, combined))
+        out.extend((var_of[op.call], piece) for op, piece in zip(group[1], pieces(c)))
+    body = result
+    for var, value in reversed(out):
+        body = relay.Let(var, value, body)
+    return body
 
 
 class _Channels:
@@ -212,8 +278,8 @@ def _combine_function(func: relay.Function, opts: CombinerOptions, channels: _Ch
     """Combine the collectives of the function's top-level region (:func:`..relay.region`).
 
     Left unchanged where nothing is provable: dependences in a cycle, or a send or recv out of the
-    region (their matches would be unknown). A group whose combined op would read a let variable
-    where one of its members cannot see it (let-form code) is not built.
+    region (their matches would be unknown). Outside a reorderable let chain, a group whose combined
+    op would read a let variable where one of its members cannot see it is not built.
     """
     reg = CRL.region(func.body)
     if reg is None:
@@ -222,7 +288,8 @@ def _combine_function(func: relay.Function, opts: CombinerOptions, channels: _Ch
     deps = [set(d) for d in reg.deps]
     # an if, closure or loop holding collectives is a barrier (as an if is in Relax): no collective
     # moves across it, so every rank keeps calling them in the same sequence
-    ours = [CRL.info(e) is not None for e in exprs]
+    specs = [CRL.info(e) for e in exprs]
+    ours = [spec is not None for spec in specs]
     order_around_barriers(deps, [i in reg.nested for i in range(len(exprs))], before=ours, after=ours)
     classified = [_classify(e, opts) for e in exprs]
     matches: list[tuple[int, int]] = []
@@ -254,22 +321,24 @@ def _combine_function(func: relay.Function, opts: CombinerOptions, channels: _Ch
     keys = [op.key if op is not None and op.family not in ("send", "recv") else None for op in ops]
     region = plan_region(graph, keys, transfers, opts.threshold_bytes, opts.threshold_count, opts.op_cap())
 
-    def in_scope(members: list[int]) -> bool:
-        olds = [order[m] for m in members]
-        return reg.needs([a for m in members for a in ops[m].call.args]) <= reg.visible_at(olds)
-
-    groups: list[tuple[str, list[_Op], int | None]] = [
-        ("collective", [ops[m] for m in g], None) for g in region.groups if in_scope(g)
-    ]
-    for sends, recvs in region.transfers:
-        if not (in_scope(sends) and in_scope(recvs)):
-            continue
-        channel = channels.take()
-        groups.append(("send", [ops[m] for m in sends], channel))
-        groups.append(("recv", [ops[m] for m in recvs], channel))
-    if not groups:
+    if not region.changed:
         return func
-    body = _Rewrite(groups, opts).visit(func.body)
+    bindings, result = _let_chain(func.body)
+    moves = [i in reg.nested or (spec is not None and spec.kind != "after_all") for i, spec in enumerate(specs)]
+    if bindings and _schedulable_chain(func.body, reg, bindings, moves):
+        units = _units(region.groups, region.transfers, ops, channels)
+        body = _reschedule(reg, order, region.order, units, bindings, result, opts)
+    else:  # graph form, or let form the chain cannot carry: each group where its first member sits
+
+        def in_scope(members: list[int]) -> bool:
+            olds = [order[m] for m in members]
+            return reg.needs([a for m in members for a in ops[m].call.args]) <= reg.visible_at(olds)
+
+        units = _units([g for g in region.groups if in_scope(g)],
+                       [(s, r) for s, r in region.transfers if in_scope(s) and in_scope(r)], ops, channels)
+        if not units:
+            return func
+        body = _Rewrite(units, opts).visit(func.body)
     # The function's type is unchanged: keep it, so a caller type-checked before this function's
     # body is inferred again still knows what it returns (InferType cannot infer it from the call).
     return relay.Function(func.params, body, func.checked_type.ret_type, func.type_params, func.attrs, func.span)
