@@ -1,0 +1,65 @@
+"""The main job's result checks: what counts as equal outputs, and what fails the combined module.
+
+A review found changed results passing: a NaN in any output after the first (Python's ``max``
+drops it), every check off once an output held an infinity (inf - inf is NaN, the tolerance inf),
+and small outputs checked against a tolerance of at least 1e-4 (or the largest output's scale).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tvm_combiners.main_job import JobError, _check_combined, max_abs_diff, output_diff
+
+F = np.float32
+
+
+def test_equal_nans_and_infinities_agree_and_nothing_else_does() -> None:
+    a = np.array([1.0, np.nan, np.inf, -np.inf], F)
+    assert output_diff(a, a.copy()) == 0.0
+    assert output_diff(np.array([1.5, 2.0], F), np.array([1.0, 2.0], F)) == 0.5
+    for other in ([1.0, 0.0, np.inf, -np.inf], [1.0, np.nan, -np.inf, -np.inf], [1.0, np.nan, np.inf, 7.0]):
+        assert math.isnan(output_diff(a, np.array(other, F))), other
+    assert math.isnan(output_diff(np.zeros((3, 4)), np.zeros((1, 4))))  # would broadcast to 0
+    assert output_diff(np.zeros((3, 0)), np.zeros((3, 0))) == 0.0  # numpy's max of nothing raised
+    assert output_diff(np.array([3, 5], np.int64), np.array([3, 9], np.int64)) == 4.0
+    assert output_diff(np.array([True, False]), np.array([True, True])) == 1.0
+
+
+def test_a_nan_in_any_output_is_the_largest_difference() -> None:
+    ok = [np.ones(3, F), np.ones(2, F)]
+    for bad in range(2):
+        outs = [o.copy() for o in ok]
+        outs[bad][0] = np.nan
+        assert math.isnan(max_abs_diff(outs, ok)), bad
+    assert max_abs_diff(ok, ok) == 0.0 and max_abs_diff([], []) == 0.0
+
+
+def _fails(combined: list[np.ndarray], baseline: list[np.ndarray]) -> str:
+    with pytest.raises(JobError) as info:
+        _check_combined("m.onnx", combined, baseline)
+    assert info.value.stage == "check" and info.value.exit_code == 1
+    return info.value.problem
+
+
+def test_every_output_is_checked_against_its_own_scale() -> None:
+    small = np.full(4, 1e-5, F)
+    assert _fails([np.zeros(4, F)], [small]).startswith(
+        "the combined module's outputs differ from the baseline's by 1.000e-05 (output 0, allowed 1.0e-07)")
+    big = np.full(2, 1e6, F)
+    assert "(output 0, allowed 1.0e-04)" in _fails([np.ones(2, F) * 2, big], [np.ones(2, F), big])
+    _check_combined("m.onnx", [small * (1 + 1e-6), big], [small, big])  # float32 rounding passes
+    _check_combined("m.onnx", [np.full(3, 5e-8, F)], [np.zeros(3, F)])  # an all-zero output: the floor
+
+
+def test_nans_infinities_and_shapes_are_checked() -> None:
+    inf = np.array([np.inf, 1.0], F)
+    _check_combined("m.onnx", [inf.copy(), np.ones(2, F)], [inf, np.ones(2, F)])
+    assert "(output 0, allowed" in _fails([np.array([np.inf, 2.0], F)], [inf])  # was: check off
+    assert _fails([np.ones(2, F), np.array([np.nan, 1.0], F)], [np.ones(2, F), np.ones(2, F)]) == (
+        "output 1 of the combined module has NaN or infinity where the baseline's has another value")
+    assert _fails([np.zeros((3, 4), F)], [np.zeros((1, 4), F)]) == (
+        "output 0 of the combined module has shape (3, 4), the baseline's (1, 4)")
