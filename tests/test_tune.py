@@ -96,3 +96,48 @@ def test_search_population_follows_the_budget():
     # MetaSchedule's 512 from 32 trials up; smaller budgets evolve fewer schedules they never measure
     assert [tuning._search_strategy(t).population_size for t in (1, 2, 8, 32, 64, 1000)] == [32, 32, 128, 512, 512, 512]
     assert tuning._search_strategy(2).init_min_unmeasured == 32 and tuning._search_strategy(64).init_min_unmeasured == 50
+
+
+def test_a_tune_dir_that_cannot_hold_records_is_refused_before_anything_runs(capsys, tmp_path):
+    model = parallel_matmuls(tmp_path / "p.onnx")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    assert main(["run", str(model), "--tune", "1", "--tune-dir", str(a_file)]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"{ERROR}--tune-dir {a_file}: cannot hold the tuning records "
+                                "(NotADirectoryError: Not a directory)"], err  # was exit 1, after compiling
+
+
+def test_unreadable_records_are_the_users_to_delete(capsys, tmp_path):
+    """A truncated database failed every later --tune run with exit 1, 'a bug in tvm-combiners'."""
+    model = parallel_matmuls(tmp_path / "p.onnx")
+    folder = tuning.tune_dir(tmp_path, tuning.tuning_target(make_target("llvm")))
+    folder.mkdir(parents=True)
+    (folder / "database_workload.json").write_text('["1234", {"this is": "cut off')
+    assert main(["run", str(model), "--tune", "1", "--tune-dir", str(tmp_path)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()[-1:]
+    assert line.startswith(f"{ERROR}{model}: tune: the tuning records in {folder} cannot be read (")
+    assert line.endswith("): delete that folder, or give another --tune-dir, to tune afresh")
+
+
+def test_one_tuning_run_per_database_at_a_time(tmp_path):
+    """Two runs appending at once cross-linked records or broke the file: the second one waits."""
+    import fcntl
+    import threading
+
+    said: list[str] = []
+    entered = threading.Event()
+
+    def second_run() -> None:
+        with tuning._exclusive(tmp_path, said.append):
+            entered.set()
+
+    with open(tmp_path / "lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        thread = threading.Thread(target=second_run)
+        thread.start()
+        assert not entered.wait(1.0), "a second run tuned while the first held the database"
+        assert said == [f"waiting for the other run that is tuning into {tmp_path} (its lock: {tmp_path / 'lock'})"]
+        fcntl.flock(held, fcntl.LOCK_UN)
+    thread.join(timeout=30)
+    assert entered.is_set()

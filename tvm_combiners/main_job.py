@@ -46,8 +46,8 @@ class Backend(Protocol):
     def time(self, built: Any, inputs: dict[str, np.ndarray], target: str, repeat: int) -> float:
         """Median seconds per run, inputs already on the device (TVM's time evaluator)."""
     def has_gpu(self) -> bool: ...
-    def tune_problem(self, target: str) -> str | None:
-        """Why ``--tune`` cannot run here, or None."""
+    def tune_problem(self, target: str, root: str | None) -> str | None:
+        """Why ``--tune`` cannot run here (or keep its records under ``root``), or None."""
     def tune(self, mod: Any, target: str, trials: int, root: str | None, say: Any) -> tuple[Any, Any]: ...
     def compile_tuned(self, mod: Any, target: str, database: Any) -> Any: ...
 
@@ -162,6 +162,10 @@ def max_abs_diff(outputs: list[np.ndarray], reference: list[np.ndarray]) -> floa
     return math.nan if any(math.isnan(d) for d in diffs) else max(diffs, default=0.0)
 
 
+class UserError(ValueError):
+    """A problem the user fixes outside the model (a folder, a file beside it), said in one line: exit 2."""
+
+
 class JobError(Exception):
     """A stage of the job failed; ``str`` is one line: ``<file>: <stage>: <what is wrong>``.
 
@@ -194,6 +198,8 @@ def _stage(path: str, stage: str, what: str, bad_input: bool) -> Iterator[None]:
         raise
     except ModelError as err:
         raise JobError(path, stage, err.problem, bad_input=True) from err
+    except UserError as err:
+        raise JobError(path, stage, str(err), bad_input=True) from err
     except Exception as err:
         problem = first_line(err)
         if not bad_input:
@@ -282,7 +288,7 @@ def run_job(model_path: str | None = None, target: str = "llvm", ir: str | None 
     backend = _backend(ir)
     problem = backend.target_problem(target)
     if problem is None and tune is not None:
-        problem = backend.tune_problem(target)
+        problem = backend.tune_problem(target, tune_dir)
     if problem is not None:
         raise JobError(None, "setup", problem)
     with _stage("(default model)", "load", "cannot locate the default model", bad_input=True):

@@ -40,10 +40,12 @@ class RelaxBackend:
     def has_gpu(self) -> bool:
         return runner.has_gpu()
 
-    def tune_problem(self, target: str) -> str | None:
+    def tune_problem(self, target: str, root: str | None) -> str | None:
         if target == "cuda" and not self.has_gpu():
             return "--tune measures candidates on the device: tuning for cuda needs a CUDA GPU here"
-        return None
+        from . import tuning
+
+        return tuning.folder_problem(root, runner.make_target(target))
 
     def tune(self, mod: Any, target: str, trials: int, root: str | None, say: Any) -> tuple[Any, Any]:
         from . import tuning

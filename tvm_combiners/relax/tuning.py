@@ -8,17 +8,22 @@ on the same target tunes only the tasks the database has never seen, or saw with
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import tvm
+
+from ..main_job import UserError
+from ..models.loader import first_line
 
 #: Where tuning records live unless ``--tune-dir`` (or ``TVM_COMBINERS_TUNE_DIR``) says otherwise.
 DEFAULT_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tvm_combiners" / "tune"
@@ -52,6 +57,47 @@ def tune_dir(root: str | os.PathLike | None, target: tvm.target.Target) -> Path:
     keys = {k: str(v) for k, v in target.attrs.items() if k in ("mcpu", "mtriple", "arch", "num-cores")}
     name = target.kind.name + "".join(f"-{k}={v}" for k, v in sorted(keys.items()))
     return base / re.sub(r"[^A-Za-z0-9._=-]+", "_", name)
+
+
+def folder_problem(root: str | os.PathLike | None, target: tvm.target.Target) -> str | None:
+    """Why the records of ``target`` cannot live under ``root`` (None when they can): checked before
+    the job loads, imports and compiles anything."""
+    folder = tune_dir(root, tuning_target(target))
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        return f"--tune-dir {folder.parent}: cannot hold the tuning records ({type(err).__name__}: {err.strerror or err})"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"--tune-dir {folder.parent}: cannot hold the tuning records ({folder} is not writable)"
+    return None
+
+
+@contextlib.contextmanager
+def _exclusive(folder: Path, say: Callable[[str], None]) -> Iterator[None]:
+    """One tuning run per database at a time.
+
+    MetaSchedule's JSON database appends records that name workloads by their index in the file
+    as this process read it: two runs appending at once give records pointing at each other's
+    workloads, or a file that no longer loads (a review reproduced both).
+    """
+    with open(folder / "lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say(f"waiting for the other run that is tuning into {folder} (its lock: {folder / 'lock'})")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _open_database(folder: Path) -> Any:
+    try:
+        return _ms().database.JSONDatabase(work_dir=str(folder))
+    except Exception as err:  # MetaSchedule reports a truncated file as a RuntimeError of its JSON parser
+        raise UserError(f"the tuning records in {folder} cannot be read ({first_line(err)}): delete that folder, "
+                        "or give another --tune-dir, to tune afresh") from err
 
 
 def _ms() -> Any:
@@ -150,14 +196,20 @@ def tune(mod: tvm.IRModule, target: tvm.target.Target, trials: int, root: str | 
     """
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
         raise ValueError(f"tune: trials must be a positive int, got {trials!r}")
-    ms = _ms()
     start = time.perf_counter()
     # MetaSchedule's console log goes to stdout (it would break --json): keep it in the log files only
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
     target = tuning_target(target)
     folder = tune_dir(root, target)
     folder.mkdir(parents=True, exist_ok=True)
-    db = ms.database.JSONDatabase(work_dir=str(folder))
+    with _exclusive(folder, say):
+        db = _open_database(folder)
+        return db, _tune_tasks(db, mod, target, trials, folder, say, start)
+
+
+def _tune_tasks(db: Any, mod: tvm.IRModule, target: tvm.target.Target, trials: int, folder: Path,
+                say: Callable[[str], None], start: float) -> TuneSummary:
+    ms = _ms()
     tasks = ms.relax_integration.extract_tasks(_fused(mod, target), target)
     ledger = _read_ledger(folder)
     keys = [_task_key(t) for t in tasks]
@@ -176,7 +228,7 @@ def tune(mod: tvm.IRModule, target: tvm.target.Target, trials: int, root: str | 
                       if target.kind.name == "llvm" else ms.builder.LocalBuilder(timeout_sec=120))
         ledger.update({k: max(trials, ledger.get(k, 0)) for _, k in new})
         (folder / LEDGER).write_text(json.dumps(ledger, indent=1, sort_keys=True))
-    return db, TuneSummary(len(tasks), len(new), trials, time.perf_counter() - start, str(folder))
+    return TuneSummary(len(tasks), len(new), trials, time.perf_counter() - start, str(folder))
 
 
 def compile_tuned(mod: tvm.IRModule, target: tvm.target.Target, db: Any) -> Any:

@@ -26,14 +26,14 @@ class RelayBackend:
         counts = runner.count_ops(mod[0])
         return {k: counts.get("nn." + k, 0) for k in COUNTED_OPS}
 
-    def tune_problem(self, target: str) -> str | None:
+    def tune_problem(self, target: str, root: str | None) -> str | None:
         return "--tune uses MetaSchedule over Relax: run it with --ir relax (the main environment)"
 
     def tune(self, mod: Any, target: str, trials: int, root: str | None, say: Any) -> tuple[Any, Any]:
-        raise NotImplementedError(self.tune_problem(target))
+        raise NotImplementedError(self.tune_problem(target, None))
 
     def compile_tuned(self, mod: Any, target: str, database: Any) -> Any:
-        raise NotImplementedError(self.tune_problem(target))
+        raise NotImplementedError(self.tune_problem(target, None))
 
     def target_problem(self, target: str) -> str | None:
         import tvm
