@@ -118,3 +118,20 @@ def test_googlenet_inception_blocks_54_to_36_convolutions():
     assert len(groups) == 9 and all(g.family == "conv2d" and len(g.roots) == 3 for g in groups)
     inputs = example_inputs(model)
     assert max_diff(run_vm(compile_module(new), list(inputs.values())), run_onnxruntime(model, inputs)) <= 1e-4
+
+
+def test_generated_ids_stay_inside_a_table_read_through_a_cast():
+    """ids cast to int32 before their Gather: the bound was 1000, and onnxruntime failed on row 850 of 10."""
+    from onnx import TensorProto, helper
+
+    table = helper.make_tensor("table", TensorProto.FLOAT, [10, 4], np.arange(40, dtype=np.float32))
+    nodes = [helper.make_node("Cast", ["ids"], ["ids32"], to=TensorProto.INT32),
+             helper.make_node("Unsqueeze", ["ids32", "axes"], ["ids3"]),
+             helper.make_node("Gather", ["table", "ids3"], ["out"])]
+    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [2])
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["b", "s"])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)], [table, axes])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    ids = example_inputs(model, batch=4, seq=64)["ids"]
+    assert ids.shape == (4, 64) and ids.dtype == np.int64 and ids.min() >= 0 and ids.max() == 9
+    assert run_onnxruntime(model, {"ids": ids})[0].shape == (4, 64, 1, 4)

@@ -241,12 +241,29 @@ def input_specs(model: onnx.ModelProto) -> dict[str, tuple[list[Any], str]]:
     return specs
 
 
+#: Ops that pass an index tensor on unchanged in value: ids cast or reshaped before their Gather.
+_INDEX_PRESERVING = {"Cast", "Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten"}
+
+
+def _index_bounds(model: onnx.ModelProto) -> dict[str, int]:
+    """Graph input -> the rows of the smallest embedding table it indexes (through casts and reshapes),
+    so generated ids stay in range (ids beyond a table made onnxruntime fail the reference run)."""
+    tables = {i.name: i.dims[0] for i in model.graph.initializer if len(i.dims) == 2}
+    origin = {i.name: i.name for i in model.graph.input}
+    bounds: dict[str, int] = {}
+    for n in model.graph.node:  # topologically sorted, as ONNX requires
+        if n.op_type in _INDEX_PRESERVING and n.input and n.input[0] in origin:
+            origin[n.output[0]] = origin[n.input[0]]
+        elif n.op_type == "Gather" and len(n.input) > 1 and n.input[0] in tables and n.input[1] in origin:
+            source = origin[n.input[1]]
+            bounds[source] = min(bounds.get(source, tables[n.input[0]]), tables[n.input[0]])
+    return bounds
+
+
 def example_inputs(model: onnx.ModelProto, batch: int = 1, seq: int = 128, seed: int = 0) -> dict[str, np.ndarray]:
     """Deterministic inputs: token ids, an attention mask with padding, zero token types."""
     rng = np.random.default_rng(seed)
-    tables = {i.name: i.dims[0] for i in model.graph.initializer if len(i.dims) == 2}
-    vocab = {n.input[1]: tables[n.input[0]] for n in model.graph.node
-             if n.op_type == "Gather" and len(n.input) > 1 and n.input[0] in tables}
+    vocab = _index_bounds(model)
     arrays = {}
     for name, (dims, dtype) in input_specs(model).items():
         shape = [d if isinstance(d, int) and d > 0 else (batch if i == 0 else seq) for i, d in enumerate(dims)]
