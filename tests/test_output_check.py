@@ -63,3 +63,15 @@ def test_nans_infinities_and_shapes_are_checked() -> None:
         "output 1 of the combined module has NaN or infinity where the baseline's has another value")
     assert _fails([np.zeros((3, 4), F)], [np.zeros((1, 4), F)]) == (
         "output 0 of the combined module has shape (3, 4), the baseline's (1, 4)")
+
+
+def test_the_header_shows_the_sizes_the_modules_ran_on() -> None:
+    from tvm_combiners.main_job import JobReport
+
+    dynamic = JobReport("m.onnx", "relax", "llvm", 3, 5, inputs={"ids": [3, 5], "mask": [3, 5], "scale": [1]})
+    assert dynamic.sizes() == "batch 3  seq 5"
+    static = JobReport("m.onnx", "relax", "llvm", 3, 5, inputs={"x": [1, 8]})  # the header said batch 3, seq 5
+    assert static.sizes() == "inputs x (1, 8) (--batch 3 and --seq 5 do not apply: the model fixes these sizes)"
+    no_seq = JobReport("m.onnx", "relax", "llvm", 3, 5, inputs={"x": [3, 16]})
+    assert no_seq.sizes() == "inputs x (3, 16) (--seq 5 does not apply: the model fixes these sizes)"
+    assert static.to_dict()["inputs"] == {"x": [1, 8]}

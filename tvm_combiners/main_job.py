@@ -77,6 +77,18 @@ class JobReport:
     ort_threads: int | None = None
     round_speedups: list[float] = field(default_factory=list)  # baseline/combined, one per alternating round
     combine_as: str = "stack"  # how equal-width matmul branches combine: "stack" or "concat"
+    inputs: dict[str, list[int]] = field(default_factory=dict)  # the shapes the modules ran on
+
+    def sizes(self) -> str:
+        """``batch B  seq S``; the input shapes instead where the model fixed a size that --batch/--seq asked otherwise."""
+        shapes = list(self.inputs.values())
+        unused = [f"--{name} {size}" for name, size, axis in (("batch", self.batch, 0), ("seq", self.seq, 1))
+                  if shapes and not any(shape[axis:axis + 1] == [size] for shape in shapes)]
+        if not unused:
+            return f"batch {self.batch}  seq {self.seq}"
+        listed = ", ".join(f"{name} {tuple(shape)}" for name, shape in self.inputs.items())
+        verb = "do not apply" if len(unused) > 1 else "does not apply"
+        return f"inputs {listed} ({' and '.join(unused)} {verb}: the model fixes these sizes)"
 
     def table(self) -> str:
         ops = sorted({k for v in self.variants for k, n in v.ops.items() if n} or {"matmul"})
@@ -97,7 +109,8 @@ class JobReport:
             rounds = sorted(self.round_speedups)
             spread = (f" (median of {len(rounds)} alternating rounds, {rounds[0]:.2f}x-{rounds[-1]:.2f}x)"
                       if len(rounds) > 1 else "")
-            lines.append(f"speedup of combined over baseline: {ratio:.2f}x{spread}")
+            same = "" if self.groups else " (nothing combined: the modules are the same, this is the timing noise)"
+            lines.append(f"speedup of combined over baseline: {ratio:.2f}x{spread}{same}")
         tuned = [v for v in self.variants if v.tuning]
         if tuned:
             lines.append(f"tuned with MetaSchedule, {tuned[0].tuning['trials_per_task']} trials per task: " + ", ".join(
@@ -127,10 +140,11 @@ class JobReport:
                 "seq": self.seq, "variants": [asdict(v) for v in self.variants], "speedup": self.speedup(),
                 "speedup_rounds": list(self.round_speedups), "combine_as": self.combine_as,
                 "groups": list(self.groups), "executed": self.executed, "note": self.note,
-                "onnxruntime": {"latency_s": self.ort_latency_s, "threads": self.ort_threads}}
+                "onnxruntime": {"latency_s": self.ort_latency_s, "threads": self.ort_threads},
+                "inputs": dict(self.inputs)}
 
     def render(self) -> str:
-        out = [f"model {self.model}  ir {self.ir}  target {self.target}  batch {self.batch}  seq {self.seq}", self.table()]
+        out = [f"model {self.model}  ir {self.ir}  target {self.target}  {self.sizes()}", self.table()]
         out.append(f"combined groups: {len(self.groups)}" + (f" (combined as {self.combine_as})" if self.groups else ""))
         out += [f"  {g}" for g in self.groups]
         if self.note:
@@ -308,7 +322,8 @@ def run_job(model_path: str | None = None, target: str = "llvm", ir: str | None 
         baseline = backend.import_model(model)
     except Exception as err:
         raise JobError(path, "import", _import_problem(err, ir)) from err
-    report = JobReport(path, ir, target, batch, seq, combine_as="stack" if stack else "concat")
+    report = JobReport(path, ir, target, batch, seq, combine_as="stack" if stack else "concat",
+                       inputs={name: list(array.shape) for name, array in inputs.items()})
     modules = [("baseline", baseline)]
     if combine:
         with _stage(path, "combine", "internal error in the combiner passes", bad_input=False):
