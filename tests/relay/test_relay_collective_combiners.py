@@ -302,6 +302,13 @@ def test_let_form_left_where_the_chain_cannot_carry_a_group():
     new, reports = _reports(CB.AllReduceCombiner, early_mod)
     assert [r.num_ops for r in reports] == [2] and _count_all(new, "allreduce") == 1
     _same_vm_results(early_mod, new, [np.arange(3, dtype="float32")])
+    # a member bound and also read inside a larger expression: the rewritten chain would run it twice
+    shared = C.allreduce(x)
+    b = relay.var("b")
+    twice = relay.Let(a, shared, relay.Let(z, relay.multiply(x, relay.const(2.0)), relay.Let(
+        b, C.allreduce(z), relay.Tuple([a, b, relay.add(shared, relay.const(1.0))]))))
+    twice_mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], twice)))
+    assert CB.CombineCollectives()(twice_mod).same_as(twice_mod)
     # a reference cell's reads and writes are ordered by no dependence: such a chain is not reordered
     cell = relay.var("cell")
     refs = relay.Let(cell, relay.RefCreate(relay.multiply(x, relay.const(0.0))), relay.Let(

@@ -228,12 +228,18 @@ def _let_chain(body: relay.Expr) -> tuple[list[tuple[relay.Var, relay.Expr]], re
 def _schedulable_chain(body: relay.Expr, reg: Any, bindings: list[tuple[relay.Var, relay.Expr]],
                        ordered: list[bool]) -> bool:
     """Let form where the chain can be re-emitted in the planner's order: every collective, send, recv
-    and opaque node holding some (``ordered``) is the whole value of one top-level binding, so it
-    moves exactly where the planner's order puts it; no two bindings share one value; and no
-    reference cell is read or written (the order between those is not a dependence the planner sees)."""
+    and opaque node holding some (``ordered``) is the whole value of one top-level binding and read
+    nowhere else but through its variable, so it moves exactly where the planner's order puts it; no
+    two bindings share one value; and no reference cell is read or written (the order between those
+    is not a dependence the planner sees)."""
     values = {value for _, value in bindings}
     if len(values) != len(bindings) or not all(e in values for e, must in zip(reg.exprs, ordered) if must):
         return False
+    for user, deps in zip(reg.exprs, reg.deps):
+        if isinstance(user, (relay.Let, relay.Var)):
+            continue  # its binding, and its variable
+        if any(ordered[d] for d in deps):
+            return False  # also an operand of a larger expression: it would run twice
     refs: list[relay.Expr] = []
     relay.analysis.post_order_visit(body, lambda e: refs.append(e) if isinstance(e, _REFS) else None)
     return not refs
