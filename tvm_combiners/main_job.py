@@ -113,7 +113,8 @@ class JobReport:
             lines.append(f"speedup of combined over baseline: {ratio:.2f}x{spread}{same}")
         tuned = [v for v in self.variants if v.tuning]
         if tuned:
-            lines.append(f"tuned with MetaSchedule, {tuned[0].tuning['trials_per_task']} trials per task: " + ", ".join(
+            # a budget: a task with fewer distinct schedules than that is measured fewer times
+            lines.append(f"tuned with MetaSchedule, up to {tuned[0].tuning['trials_per_task']} trials per task: " + ", ".join(
                 f"{v.label} {v.tuning['tasks']} tasks ({v.tuning['tuned']} tuned now, {v.tuning['seconds']:.0f} s)"
                 for v in tuned) + f"; records in {tuned[0].tuning['database']}")
         timed = [v for v in self.variants if v.latency_s]
