@@ -195,9 +195,11 @@ def test_a_rank_that_dies_is_reported(mode: str, error: str, tmp_path: Path) -> 
         assert "(no rank reported an error; a rank exited with code 9, or was killed by SIGKILL)" in proc.stderr
 
 
-def test_a_rank_that_leaves_with_os_exit_fails_the_job(tmp_path: Path) -> None:
-    """mpiexec stopped rank 0 in its barrier and exited 0: the job passed though no rank finished."""
-    proc = _run(2, "os_exit", tmp_path, timeout=60)
+@pytest.mark.parametrize("mode", ["os_exit", "fork_os_exit"])
+def test_a_rank_that_leaves_with_os_exit_fails_the_job(mode: str, tmp_path: Path) -> None:
+    """mpiexec stopped rank 0 in its barrier and exited 0: the job passed though no rank finished.
+    ``fork_os_exit``: rank 0's forked worker left through os._exit, and marked rank 0 as ended."""
+    proc = _run(2, mode, tmp_path, timeout=60)
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.strip().endswith(
         "tvm-combiners launch: the job did not finish: rank 1 ended its program, exit code 0, while rank 0 had not; "
@@ -313,6 +315,13 @@ def test_missing_mpiexec_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(FileNotFoundError, match=r"^tvm-combiners launch: mpiexec not found beside .*python nor on PATH"):
         find_mpiexec()
+
+
+def test_exit_statuses_as_python_gives_them() -> None:
+    """``sys.exit(not ok)`` wrote 'False' into a rank's marker, and launch read no marker: a false failure."""
+    from tvm_combiners.collectives.runtime.rank_main import exit_status
+
+    assert [exit_status(c) for c in (None, 0, 3, False, True, "a message")] == [0, 0, 3, 0, 1, 1]
 
 
 def test_python_commands_run_under_mpi4py() -> None:

@@ -309,6 +309,13 @@ def test_let_form_left_where_the_chain_cannot_carry_a_group():
         b, C.allreduce(z), relay.Tuple([a, b, relay.add(shared, relay.const(1.0))]))))
     twice_mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], twice)))
     assert CB.CombineCollectives()(twice_mod).same_as(twice_mod)
+    # a member bound and also the chain's result: reordered, the result would run it again
+    y, t = relay.var("y", shape=(3,), dtype="float32"), relay.var("t")
+    again = relay.Let(a, shared, relay.Let(b, C.allreduce(y), relay.Let(t, relay.add(a, b), shared)))
+    again_mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x, y], again)))
+    new = CB.CombineCollectives()(again_mod)  # combined where it sits (both operands are parameters)
+    assert _count_all(again_mod, "allreduce") == 2 and _count_all(new, "allreduce") == 1
+    _same_vm_results(again_mod, new, [np.arange(3, dtype="float32"), np.ones(3, "float32")])
     # a reference cell's reads and writes are ordered by no dependence: such a chain is not reordered
     cell = relay.var("cell")
     refs = relay.Let(cell, relay.RefCreate(relay.multiply(x, relay.const(0.0))), relay.Let(

@@ -4,7 +4,8 @@ Each rank saves what it got to ``<out>/rank<R>.npz`` (arrays) and ``<out>/rank<R
 messages); the test recomputes every expected value with numpy from ``data()`` and compares.
 Usage: ``prog.py OUT_DIR all`` (every check), ``fail`` (rank 1 breaks C4 in a send while the others
 wait in a recv), ``hang`` (rank 1 sleeps while the others wait in a barrier; ``sigkill`` and
-``segfault``: rank 1 dies instead; ``os_exit`` and ``sys_exit``: rank 1 leaves with code 0 instead;
+``segfault``: rank 1 dies instead; ``os_exit`` and ``sys_exit``: rank 1 leaves with code 0 instead,
+``fork_os_exit`` too after rank 0 ran a forked worker, which leaves through ``os._exit``;
 ``all_os_exit``: every rank leaves with ``os._exit(0)`` after the barrier), ``shapes``
 (compiled collectives of a symbolic extent, given equal and then rank-dependent shapes).
 """
@@ -76,15 +77,22 @@ def shapes(out_dir: Path, n: int, me: int) -> None:
 
 def main() -> None:
     out_dir, mode = Path(sys.argv[1]), sys.argv[2]
-    if mode in ("hang", "sigkill", "segfault", "os_exit", "sys_exit", "all_os_exit"):  # no TVM import to wait for
+    if mode in ("hang", "sigkill", "segfault", "os_exit", "fork_os_exit", "sys_exit", "all_os_exit"):  # no TVM import
         from mpi4py import MPI
 
+        if MPI.COMM_WORLD.Get_rank() == 0 and mode == "fork_os_exit":
+            import multiprocessing
+
+            worker = multiprocessing.get_context("fork").Process(target=int)
+            worker.start()
+            worker.join()
         if MPI.COMM_WORLD.Get_rank() == 1 and mode != "all_os_exit":
             if mode == "sigkill":
                 os.kill(os.getpid(), signal.SIGKILL)
             if mode == "segfault":
                 ctypes.string_at(0)
-            if mode == "os_exit":
+            if mode in ("os_exit", "fork_os_exit"):
+                time.sleep(1 if mode == "fork_os_exit" else 0)  # after rank 0's worker
                 os._exit(0)
             if mode == "sys_exit":
                 sys.exit(0)

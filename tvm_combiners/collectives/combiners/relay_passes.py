@@ -225,23 +225,28 @@ def _let_chain(body: relay.Expr) -> tuple[list[tuple[relay.Var, relay.Expr]], re
     return bindings, body
 
 
-def _schedulable_chain(body: relay.Expr, reg: Any, bindings: list[tuple[relay.Var, relay.Expr]],
+def _schedulable_chain(whole: relay.Expr, reg: Any, bindings: list[tuple[relay.Var, relay.Expr]],
                        ordered: list[bool]) -> bool:
     """Let form where the chain can be re-emitted in the planner's order: every collective, send, recv
     and opaque node holding some (``ordered``) is the whole value of one top-level binding and read
     nowhere else but through its variable, so it moves exactly where the planner's order puts it; no
     two bindings share one value; and no reference cell is read or written (the order between those
     is not a dependence the planner sees)."""
-    values = {value for _, value in bindings}
+    values = {value: var for var, value in bindings}
     if len(values) != len(bindings) or not all(e in values for e, must in zip(reg.exprs, ordered) if must):
         return False
+    chain, body = set(), whole
+    while isinstance(body, relay.Let):
+        chain.add(body)
+        body = body.body
     for user, deps in zip(reg.exprs, reg.deps):
-        if isinstance(user, (relay.Let, relay.Var)):
-            continue  # its binding, and its variable
-        if any(ordered[d] for d in deps):
-            return False  # also an operand of a larger expression: it would run twice
+        for d in deps:
+            e = reg.exprs[d]
+            if not ordered[d] or (user in chain and user.value.same_as(e)) or user.same_as(values[e]):
+                continue  # its own binding in the chain, and its variable
+            return False  # also read elsewhere (an operand, a let body): it would run twice
     refs: list[relay.Expr] = []
-    relay.analysis.post_order_visit(body, lambda e: refs.append(e) if isinstance(e, _REFS) else None)
+    relay.analysis.post_order_visit(whole, lambda e: refs.append(e) if isinstance(e, _REFS) else None)
     return not refs
 
 

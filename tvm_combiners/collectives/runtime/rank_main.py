@@ -4,7 +4,9 @@ mpiexec cannot tell a rank that finished its program from one stopped on the way
 leaves early with code 0 (``os._exit(0)`` before a collective), mpiexec stops the others and the job
 exits 0 although no rank finished.  So each rank writes ``done.<rank>`` (its exit code) into
 launch's folder when its program ends, by returning, ``sys.exit`` or ``os._exit``; a rank without
-one was stopped, and launch says so.
+one was stopped, and launch says so.  A rank that replaces itself with ``os.exec*`` marks nothing
+(it counts as stopped); a forked child (multiprocessing's workers leave through ``os._exit``) marks
+nothing for its parent.
 
 Run by path, not ``-m``, so that the rank imports nothing of tvm_combiners (its package import
 loads TVM, seconds per rank) and any interpreter with mpi4py can run it; kept to the standard
@@ -15,15 +17,24 @@ import os
 import sys
 
 MARKER_DIR = "TVM_COMBINERS_LAUNCH_DIR"  # launch's folder, set by launch for the ranks
+_RANK_PID = os.getpid()  # the rank itself, not a child forked from it
+
+
+def exit_status(code: object) -> int:
+    """The process exit status of ``sys.exit(code)``: an int (a bool too: ``sys.exit(not ok)``) as is,
+    None 0, anything else (a message) 1."""
+    if isinstance(code, int):
+        return int(code)
+    return 0 if code is None else 1
 
 
 def _mark(code: object) -> None:
     folder, rank = os.environ.get(MARKER_DIR), os.environ.get("PMI_RANK")
-    if not folder or rank is None:
+    if not folder or rank is None or os.getpid() != _RANK_PID:
         return
     try:
         with open(os.path.join(folder, f"done.{rank}"), "w") as f:
-            f.write(f"{code if isinstance(code, int) else (0 if code is None else 1)}\n")
+            f.write(f"{exit_status(code)}\n")
     except OSError:
         pass  # launch's folder gone (launch killed): nobody is left to read it
 
