@@ -173,6 +173,24 @@ def test_ranks_that_disagree_on_a_symbolic_shape_all_raise(tmp_path: Path) -> No
                                 "same shape on every rank" for kind in ("allreduce", "allgather", "reduce_scatter")}
 
 
+@pytest.mark.parametrize("check", [False, True])
+def test_ranks_calling_different_collectives_are_caught_when_asked(check: bool, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sum on rank 0, max on rank 1: MPI returns a value on both; TVM_COMBINERS_CHECK_COLLECTIVES names the calls."""
+    monkeypatch.setenv("TVM_COMBINERS_CHECK_COLLECTIVES", "1" if check else "0")
+    proc = _run(2, "mismatch", tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    if not check:  # the silent case the check exists for: no error on either rank
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.npz", "rank1.npz"]
+        return
+    for rank in range(2):
+        error = json.loads((tmp_path / f"rank{rank}.json").read_text())["error"]
+        assert error == ("tvm_combiners.allreduce: the ranks of the group call different collectives here "
+                         "(rank 0: allreduce sum of (3,) float32; rank 1: allreduce max of (3,) float32): every rank "
+                         "must call the same collectives in the same order (modules whose compute differs per rank "
+                         "may combine differently: combine one module for every rank)")
+
+
 def test_hung_rank_is_killed_by_the_timeout(tmp_path: Path) -> None:
     start = time.monotonic()
     proc = _run(2, "hang", tmp_path, timeout=6)

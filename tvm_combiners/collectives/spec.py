@@ -45,6 +45,8 @@ RELAY_PREFIX = "collectives."
 RUNTIME_PREFIX = "tvm_combiners."
 #: Called before a collective whose operand shape is only known at run time (ranks may disagree).
 AGREE_SHAPES = RUNTIME_PREFIX + "agree_shapes"
+#: Set to 1 for the ranks (before they compile): every collective first checks that its group calls the same one.
+CHECK_COLLECTIVES_ENV = "TVM_COMBINERS_CHECK_COLLECTIVES"
 
 TOKEN_DTYPE = "int32"
 TOKEN_SHAPE: tuple[int, ...] = ()

@@ -6,7 +6,8 @@ Usage: ``prog.py OUT_DIR all`` (every check), ``fail`` (rank 1 breaks C4 in a se
 wait in a recv), ``hang`` (rank 1 sleeps while the others wait in a barrier; ``sigkill`` and
 ``segfault``: rank 1 dies instead; ``os_exit`` and ``sys_exit``: rank 1 leaves with code 0 instead,
 ``fork_os_exit`` too after rank 0 ran a forked worker, which leaves through ``os._exit``;
-``all_os_exit``: every rank leaves with ``os._exit(0)`` after the barrier), ``shapes``
+``all_os_exit``: every rank leaves with ``os._exit(0)`` after the barrier), ``mismatch`` (rank 1
+reduces with max where the others sum), ``shapes``
 (compiled collectives of a symbolic extent, given equal and then rank-dependent shapes).
 """
 
@@ -121,6 +122,15 @@ def main() -> None:
         return
     if mode == "shapes":
         shapes(out_dir, n, me)
+        return
+    if mode == "mismatch":  # rank 1 reduces with max where the others sum: MPI takes it, silently
+        out = empty((3,), "float32")
+        try:
+            fn["allreduce"](tensor(data(me, (3,), "float32", 1)), "max" if me == 1 else "sum", "", out)
+        except Exception as err:  # noqa: BLE001 - the message is what the test checks
+            (out_dir / f"rank{me}.json").write_text(json.dumps({"error": str(err)}))
+            return
+        np.savez(out_dir / f"rank{me}.npz", out=out.numpy())
         return
     if mode == "cuda":  # needs a GPU: NCCL, or host-staged MPI where ranks share one GPU
         dev = tvm.cuda(0)

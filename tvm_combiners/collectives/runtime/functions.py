@@ -13,11 +13,12 @@ import math
 import os
 import sys
 import time
+import zlib
 from typing import Any
 
 import numpy as np
 
-from ..spec import AGREE_SHAPES, RUNTIME_PREFIX
+from ..spec import AGREE_SHAPES, CHECK_COLLECTIVES_ENV, RUNTIME_PREFIX
 from . import comm as _comm
 from . import tensors
 from .comm import Group, _routes, group, mpi, route
@@ -194,6 +195,42 @@ _view = tensors.host_view
 _groups = _comm._groups
 
 
+#: ``TVM_COMBINERS_CHECK_COLLECTIVES=1``: every collective first checks that its whole group calls the same one.
+_CHECK = os.environ.get(CHECK_COLLECTIVES_ENV, "") not in ("", "0")
+_CALL_BYTES = 96  # how much of each rank's description a mismatch report shows
+
+
+def same_call(name: str, grp: Group, call: str) -> None:
+    """Raise on every rank of the group unless every member is calling ``call`` (kind, reduction, axis,
+    shape, dtype) here: one small allreduce, and an allgather of descriptions when they differ.
+
+    The collective combiners decide from each rank's own module: ranks whose modules link their
+    collectives by different dependences (compute that differs per rank) may get different combined
+    sequences, and MPI then hangs, fails on a size, or reduces mismatched data silently (sum with
+    max, or two different tensors of one size). Opt-in: it doubles a small collective's latency.
+    """
+    digest = zlib.crc32(call.encode())
+    own = np.array([digest, -digest], np.int64)
+    seen = np.empty_like(own)
+    grp.comm.Allreduce(own, seen, mpi().MAX)
+    if seen[0] == -seen[1]:
+        return
+    text = np.zeros(_CALL_BYTES, np.uint8)
+    raw = call.encode()[:_CALL_BYTES]
+    text[:len(raw)] = np.frombuffer(raw, np.uint8)
+    every = np.empty((grp.size, _CALL_BYTES), np.uint8)
+    grp.comm.Allgather(text, every)
+    calls = "; ".join(f"rank {m}: {bytes(row).rstrip(bytes(1)).decode(errors='replace')}"
+                      for m, row in zip(grp.members, every))
+    raise RuntimeError(f"{name}: the ranks of the group call different collectives here ({calls}): every rank "
+                       "must call the same collectives in the same order (modules whose compute differs per "
+                       "rank may combine differently: combine one module for every rank)")
+
+
+def _describe(x: Any, detail: str) -> str:
+    return f"{detail} of {tuple(int(d) for d in x.shape)} {x.dtype}"
+
+
 def _gpu() -> Any:
     from . import nccl
 
@@ -203,6 +240,8 @@ def _gpu() -> Any:
 def allreduce(x: Any, op: str, groups: str, out: Any) -> None:
     name = "tvm_combiners.allreduce"
     grp = _groups.get(groups) or group(groups, name)
+    if _CHECK:
+        same_call(name, grp, _describe(x, f"allreduce {op}"))
     if x.__dlpack_device__()[0] == tensors.CPU:
         xv, ov = _view(x), _view(out)
         mop = _mpi_ops.get(op)
@@ -219,6 +258,8 @@ def allreduce(x: Any, op: str, groups: str, out: Any) -> None:
 def allgather(x: Any, axis: int, groups: str, out: Any) -> None:
     name = "tvm_combiners.allgather"
     grp = _groups.get(groups) or group(groups, name)
+    if _CHECK:
+        same_call(name, grp, _describe(x, f"allgather axis {axis}"))
     if tensors.is_host(x):
         allgather_np(name, grp, _view(x), axis, _view(out))
     else:
@@ -228,6 +269,8 @@ def allgather(x: Any, axis: int, groups: str, out: Any) -> None:
 def reduce_scatter(x: Any, op: str, axis: int, groups: str, out: Any) -> None:
     name = "tvm_combiners.reduce_scatter"
     grp = _groups.get(groups) or group(groups, name)
+    if _CHECK:
+        same_call(name, grp, _describe(x, f"reduce_scatter {op} axis {axis}"))
     if tensors.is_host(x):
         reduce_scatter_np(name, grp, _view(x), op, axis, _view(out))
     else:

@@ -20,6 +20,7 @@ import ctypes
 import os
 from typing import Any
 
+from ..spec import CHECK_COLLECTIVES_ENV
 from . import tensors
 from .comm import mpi
 
@@ -31,8 +32,10 @@ _MPI_TYPES = ("INT8_T", "INT16_T", "INT32_T", "INT64_T", "UINT8_T", "UINT16_T", 
               "FLOAT", "DOUBLE")
 _ARR_DATA, _ARR_BYTE_OFFSET = 1, 8  # TVM's struct field kinds of a DLTensor
 
-#: ``TVM_COMBINERS_NATIVE=0`` (or setting this False before compiling) keeps every allreduce generic.
-ENABLED = os.environ.get("TVM_COMBINERS_NATIVE", "1") != "0"
+#: ``TVM_COMBINERS_NATIVE=0`` (or setting this False before compiling) keeps every allreduce generic; so
+#: does the collectives check (``TVM_COMBINERS_CHECK_COLLECTIVES=1``), which lives in the generic path.
+ENABLED = (os.environ.get("TVM_COMBINERS_NATIVE", "1") != "0"
+           and os.environ.get(CHECK_COLLECTIVES_ENV, "") in ("", "0"))
 _kernel: Any = None  # the compiled module (kept alive: the registry holds a function of it)
 _unavailable: str | None = None  # why there is no native kernel in this process, once known
 
