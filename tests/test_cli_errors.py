@@ -361,3 +361,97 @@ def test_a_changed_result_is_never_reported_as_success(capsys, tmp_path, monkeyp
     assert code == 1 and out == ""
     assert error.startswith(f"{path}: check: the combined module's outputs differ from the baseline's by ")
     assert error.endswith("(a bug in tvm-combiners: rerun with --debug for the traceback)")
+
+
+# a command line argparse rejects, an example's bad options ------------------------------------
+
+
+@pytest.mark.parametrize("argv,line", [
+    (["run", "x.onnx", "--batch", "x"], "run: argument --batch: invalid int value: 'x'"),
+    (["run", "x.onnx", "--target", "rocm"], "run: argument --target: invalid choice: 'rocm' (choose from 'llvm', 'cuda')"),
+    (["launch", "--example", "dp-train"], "launch: the following arguments are required: -n/--np"),
+    ([], "the following arguments are required: {run,launch}"),
+])
+@pytest.mark.parametrize("as_json", [False, True])
+def test_usage_error_is_one_line(capsys, argv, line, as_json):
+    with pytest.raises(SystemExit) as exc:  # exit 2, as argparse's own
+        main(argv + (["--json"] if as_json else []))
+    assert exc.value.code == 2
+    out, err = capsys.readouterr()
+    assert err == f"{ERROR}{line}\n"
+    if as_json:
+        assert json.loads(out) == {"ok": False, "error": {"file": None, "stage": "setup", "message": line,
+                                                          "bad_input": True, "exit_code": 2}}
+    else:
+        assert out == ""
+
+
+def test_usage_error_from_the_console_script():
+    exe = shutil.which("tvm-combiners", path=os.path.dirname(sys.executable))
+    proc = subprocess.run([exe, "run", "x.onnx", "--batch", "x", "--json"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr == f"{ERROR}run: argument --batch: invalid int value: 'x'\n"
+    assert json.loads(proc.stdout)["error"]["message"] == "run: argument --batch: invalid int value: 'x'"
+
+
+def test_json_after_the_command_is_the_commands(capsys):
+    # `launch` without -n: the --json after '--' belongs to the command, stdout stays empty
+    with pytest.raises(SystemExit):
+        main(["launch", "--", "python", "prog.py", "--json"])
+    out, err = capsys.readouterr()
+    assert out == "" and err == f"{ERROR}launch: the following arguments are required: -n/--np\n"
+
+
+@pytest.mark.parametrize("example,ranks,options,rule", [
+    ("dp-train", 2, ["--steps", "0"], "--steps must be a positive integer, got 0"),
+    ("dp-train", 2, ["--heads", "0"], "--heads must be a positive integer, got 0"),
+    ("dp-train", 2, ["--batch-per-rank", "0"], "--batch-per-rank must be a positive integer, got 0"),
+    ("dp-train", 2, ["--seq", "0"], "--seq must be a positive integer, got 0"),
+    ("dp-train", 2, ["--repeat", "0"], "--repeat must be a positive integer, got 0"),
+    ("dp-train", 2, ["--threshold-bytes", "0"], "--threshold-bytes must be a positive integer, got 0"),
+    ("dp-train", 2, ["--threshold-bytes", "-5"], "--threshold-bytes must be a positive integer, got -5"),
+    ("dp-train", 2, ["--hidden", "100", "--heads", "3"], "--hidden 100 must be divisible by --heads 3"),
+    ("dp-train", 2, ["--lr", "nan"], "--lr must be a finite number > 0, got nan"),
+    ("dp-train", 2, ["--steps", "x"], "argument --steps: invalid int value: 'x'"),
+    ("dp-train", 2, ["--bogus"], "unrecognized arguments: --bogus"),
+    ("pipeline-bert", 4, [], "-n 4: one stage per rank needs 1 <= ranks <= 3 (the model's layers)"),
+    ("pipeline-bert", 2, ["--seq", "0"], "--seq must be a positive integer, got 0"),
+    ("pipeline-bert", 2, ["--seq", "600"], "--seq 600 is beyond the model's 512 positions"),
+    ("pipeline-bert", 2, ["--micro-batch", "0"], "--micro-batch must be a positive integer, got 0"),
+    ("pipeline-bert", 2, ["--micro-batches", "1"], "--micro-batches must be at least 2 (so stages overlap), got 1"),
+    ("pipeline-bert", 2, ["--repeat", "0"], "--repeat must be a positive integer, got 0"),
+    ("pipeline-bert", 2, ["--atol", "-1"], "--atol must be a finite number >= 0, got -1"),
+])
+def test_bad_example_options_are_refused_before_any_rank_starts(capsys, example, ranks, options, rule):
+    # a short timeout: were the options let through, the job would start (and take minutes)
+    argv = ["launch", "-n", str(ranks), "--timeout", "30", "--example", example, "--json", "--", *options]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    line = f"launch --example {example}: {rule}"
+    assert err == f"{ERROR}{line}\n"  # no rank's progress line: none started
+    assert json.loads(out) == {"ok": False, "error": {"file": None, "stage": "setup", "message": line,
+                                                      "bad_input": True, "exit_code": 2}}
+
+
+def test_missing_model_is_one_line_before_any_rank_starts(capsys, monkeypatch):
+    from tvm_combiners.models import loader
+
+    def missing():
+        raise FileNotFoundError("the default model needs the PyPI package 'x': pip install x")
+
+    monkeypatch.setattr(loader, "default_model_path", missing)
+    assert main(["launch", "-n", "2", "--timeout", "30", "--example", "pipeline-bert"]) == 2
+    assert capsys.readouterr().err == (f"{ERROR}launch --example pipeline-bert: the default model needs the PyPI "
+                                       "package 'x': pip install x\n")
+
+
+def test_zero_ranks_for_an_example(capsys):
+    assert main(["launch", "-n", "0", "--example", "dp-train"]) == 2
+    assert capsys.readouterr().err == f"{ERROR}launch: -n must be a positive number of ranks, got 0\n"
+
+
+def test_example_help_is_printed_once_without_starting_ranks(capsys):
+    assert main(["launch", "-n", "3", "--timeout", "30", "--example", "pipeline-bert", "--", "--help"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("usage: tvm-combiners launch -n 3 --example pipeline-bert --") and out.count("usage:") == 1
+    assert "--micro-batches MICRO_BATCHES" in out and err == ""

@@ -2,29 +2,58 @@
 
 Every failure ends in one line on stderr, ``tvm-combiners: error: <file>: <stage>: <what is
 wrong>``, and a non-zero exit: 2 for a bad model or option, 1 for a bug of ours (the line then
-says so); ``--debug`` adds the traceback. With ``--json`` stdout holds exactly one JSON document,
-the report or ``{"ok": false, "error": {...}}``; progress lines always go to stderr.
+says so); ``--debug`` adds the traceback. A command line argparse rejects is one line too
+(``tvm-combiners: error: run: argument --batch: invalid int value: 'x'``, exit 2), not the usage
+block. With ``--json`` (before any ``--``) stdout holds exactly one JSON document, the report or
+``{"ok": false, "error": {...}}``; progress lines always go to stderr.
 
 A subcommand's module is imported only when that subcommand runs (``run`` never imports MPI).
 ``launch --example dp-train|pipeline-bert`` runs a packaged example (:mod:`tvm_combiners.examples`)
-on the ranks; with ``--json`` rank 0 writes its report to a file the CLI then prints, so stdout
-holds one document for the whole job even when a rank dies first (then the error document).
+on the ranks. Its options are checked here before any rank starts (a bad one is one line, not a
+traceback per rank); with ``--json`` rank 0 writes its report to a file the CLI then prints, and
+whatever mpiexec or the ranks print goes to stderr, so stdout holds one document for the whole
+job even when a rank dies first or the job times out (then the error document).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import math
 import os
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 PROG = "tvm-combiners"
+
+
+class UsageError(ValueError):
+    """A bad command line; the message names the option and the rule. ``prog``: the parser that refused it."""
+
+    def __init__(self, message: str, prog: str = PROG) -> None:
+        super().__init__(message)
+        self.prog = prog
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors raise :class:`UsageError` instead of printing the usage block and exiting.
+
+    The caller reports the error as one line (and as the JSON document under ``--json``); the
+    examples use it too, so the launching process can check their options before any rank starts.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message, self.prog)
+
+
+def _setup_error(args: argparse.Namespace, line: str) -> int:
+    """A bad option or command line: exit 2, ``bad_input``."""
+    return _error(args, line, 2, {"file": None, "stage": "setup", "message": line, "bad_input": True})
 
 
 @dataclass(frozen=True)
@@ -85,8 +114,7 @@ def _run(args: argparse.Namespace) -> int:
     for name in ("batch", "seq", "repeat", "tune"):
         value = getattr(args, name)
         if value is not None and value < 1:
-            line = f"--{name} must be a positive integer, got {value}"
-            return _error(args, line, 2, {"file": None, "stage": "setup", "message": line, "bad_input": True})
+            return _setup_error(args, f"--{name} must be a positive integer, got {value}")
     from .main_job import JobError, run_job
 
     try:
@@ -131,31 +159,57 @@ def _launch(args: argparse.Namespace, run_job: Callable[[argparse.Namespace], in
     """``launch``: a command, or ``--example NAME`` whose rank 0 reports (as JSON with ``--json``)."""
     import tempfile
 
-    from .examples import example_command
+    from .examples import check_options, example_command
 
     extra = args.argv[1:] if args.argv[:1] == ["--"] else list(args.argv)
     if args.example is None:
         if args.json:
-            line = "launch: --json needs --example (a command's output is its own)"
-            return _error(args, line, 2, {"file": None, "stage": "setup", "message": line, "bad_input": True})
+            return _setup_error(args, "launch: --json needs --example (a command's output is its own)")
         return run_job(args)
     if extra and not extra[0].startswith("-"):
-        line = (f"launch: --example {args.example} runs the example itself: after '--' give only its options "
-                f"(e.g. -- --help), not a command ({extra[0]!r})")
-        return _error(args, line, 2, {"file": None, "stage": "setup", "message": line, "bad_input": True})
+        return _setup_error(args, f"launch: --example {args.example} runs the example itself: after '--' give only "
+                                  f"its options (e.g. -- --help), not a command ({extra[0]!r})")
+    if args.np < 1:
+        return _setup_error(args, f"launch: -n must be a positive number of ranks, got {args.np}")
+    try:  # here, once, before any rank starts: not a traceback (or a help text) from every rank
+        help_text = check_options(args.example, extra, args.np)
+    except UsageError as err:
+        return _setup_error(args, f"launch --example {args.example}: {err}")
+    if help_text is not None:
+        print(help_text, end="", file=sys.stderr if args.json else sys.stdout)
+        return 0
     with tempfile.TemporaryDirectory(prefix="tvm-combiners-example-") as folder:
         json_out = os.path.join(folder, "report.json") if args.json else None
         args.argv = example_command(args.example, extra, json_out)
-        code = run_job(args)
         if json_out is None:
-            return code
+            return run_job(args)
+        with _stdout_to_stderr():
+            code = run_job(args)
         if not os.path.exists(json_out):
-            line = f"launch --example {args.example}: the job ended (exit code {code}) before rank 0 wrote its report"
+            ended = f"timed out after {args.timeout:g} s" if code == 124 else "ended"
+            line = f"launch --example {args.example}: the job {ended} (exit code {code}) before rank 0 wrote its report"
             return _error(args, line, code or 1, {"file": None, "stage": "launch", "message": line, "bad_input": False})
         with open(json_out) as f:
             sys.stdout.write(f.read().rstrip("\n") + "\n")
         sys.stdout.flush()
     return code
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """File descriptor 1 is stderr's meanwhile: mpiexec and the ranks inherit it, so what they print
+    (MPICH's BAD TERMINATION banner when a rank is killed or the job times out) stays out of the
+    one JSON document that stdout holds under ``--json``."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 #: Subcommands by name. A new one (or new options of one) is an entry here and its module's
@@ -170,8 +224,8 @@ COMMANDS: dict[str, Command] = {
 
 def _parser(command: str | None) -> argparse.ArgumentParser:
     """The parser, with the arguments of ``command`` only (loading no other subcommand)."""
-    parser = argparse.ArgumentParser(prog=PROG, description="Combine parallel ops of ONNX models in TVM (run); "
-                                     "run multi-rank jobs (launch).")
+    parser = Parser(prog=PROG, description="Combine parallel ops of ONNX models in TVM (run); "
+                                           "run multi-rank jobs (launch).")
     sub = parser.add_subparsers(dest="subcommand", metavar="{" + ",".join(COMMANDS) + "}", required=True)
     for name, cmd in COMMANDS.items():
         p = sub.add_parser(name, help=cmd.help, description=cmd.help)
@@ -189,6 +243,15 @@ class _Unavailable(Exception):
     """A subcommand whose module cannot be imported here."""
 
 
+def _usage_error(err: UsageError, argv: list[str]) -> NoReturn:
+    """One line (argparse's message, after the subcommand), the JSON error document where ``--json``
+    comes before any ``--``, and exit 2 by SystemExit as argparse does."""
+    before = argv[:argv.index("--")] if "--" in argv else argv
+    where = err.prog.removeprefix(PROG).strip()
+    _setup_error(argparse.Namespace(json="--json" in before), f"{where}: {err}" if where else str(err))
+    raise SystemExit(2)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = argv[0] if argv and argv[0] in COMMANDS else None
@@ -197,7 +260,10 @@ def main(argv: list[str] | None = None) -> int:
     except _Unavailable as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as err:
+        _usage_error(err, argv)
     try:
         return int(args.func(args))
     except BrokenPipeError:  # stdout closed early (`| head`): no traceback, and none at exit either

@@ -1,5 +1,6 @@
-"""The data-parallel training step: its module (one allreduce per gradient, a reference without any)
-and the whole example on 4 ranks through ``tvm-combiners launch --example dp-train --json``."""
+"""The data-parallel training step: its module (one allreduce per gradient, a reference without any),
+the checks of a run (Adam's amplified rounding allowed, wrong steps caught), and the whole example
+on 4 ranks (SGD) and 2 ranks (Adam) through ``tvm-combiners launch --example dp-train --json``."""
 
 import json
 import os
@@ -7,6 +8,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 pytest.importorskip("tvm_ffi")
@@ -14,6 +16,7 @@ pytest.importorskip("tvm_ffi")
 from tvm_combiners.examples import dp_train as D  # noqa: E402
 
 SCRIPT_DIR = os.path.dirname(sys.executable)
+EXE = shutil.which("tvm-combiners", path=SCRIPT_DIR)
 
 
 def test_step_has_one_allreduce_avg_per_gradient_and_the_reference_none():
@@ -53,8 +56,7 @@ def test_bucketing_respects_the_threshold():
 
 
 def test_dp_train_on_4_ranks_equals_one_process_on_the_full_batch():
-    exe = shutil.which("tvm-combiners", path=SCRIPT_DIR)
-    cmd = [exe, "launch", "-n", "4", "--timeout", "240", "--example", "dp-train", "--json", "--",
+    cmd = [EXE, "launch", "-n", "4", "--timeout", "240", "--example", "dp-train", "--json", "--",
            "--opt-level", "0", "--steps", "2", "--repeat", "2", "--threshold-bytes", "262144"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -95,3 +97,102 @@ def test_adam_from_tvm_builds_its_state_and_update():
     assert adam.dtype == "float32"
     func = adam.get_function()
     assert len(func.params) == 3 and len(func.params[0].ty.fields) == n
+
+
+def test_adam_on_2_ranks_passes():
+    # Adam's g / (|g| + eps) turns float32 rounding of near-zero gradients into parameter differences
+    # far above 1e-5 relative: a correct run once reported FAILED
+    cmd = [EXE, "launch", "-n", "2", "--timeout", "240", "--example", "dp-train", "--json", "--",
+           "--opt-level", "0", "--steps", "2", "--repeat", "1", "--optimizer", "adam"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["ok"] and report["failures"] == [] and report["config"]["optimizer"] == "adam"
+    for v in report["variants"].values():
+        assert v["max_rel_diff_grads_vs_reference"] <= 1e-5
+        assert v["max_rel_diff_params_vs_optimizer"] <= 1e-5
+        assert v["max_rel_diff_params_vs_reference"] <= v["params_vs_reference_allowed"]
+
+
+def _stepped(optimizer, p0, grads, loss):
+    """A rank's results as run_steps records them: parameters after each step, in float32 as TVM's."""
+    params = [p.astype("float32") for p in D.replay_optimizer(optimizer, p0, grads)]
+    return {"grads": grads, "params": params, "loss": loss}
+
+
+def _failed(failures):
+    return [f.split(": relative difference")[0] for f in failures]
+
+
+def test_check_allows_adams_amplified_rounding_and_catches_wrong_steps():
+    adam = D.new_optimizer(D.Config(optimizer="adam", lr=0.02))
+    rng = np.random.default_rng(0)
+    p0 = rng.standard_normal(1000).astype("float32")
+    ref_grads = [rng.standard_normal(1000).astype("float32") for _ in range(2)]
+    for g in ref_grads:
+        g[7] = 1e-9  # zero in exact arithmetic: only rounding noise, which the ranks' sum rounds otherwise
+    dp_grads = [g.copy() for g in ref_grads]
+    for g in dp_grads:
+        g[7] += np.float32(1.6e-9)
+    ref = _stepped(adam, p0, ref_grads, [1.0, 0.9])
+    dp = _stepped(adam, p0, dp_grads, [1.0, 0.9])
+    assert D.rel_diff(dp["params"][1], ref["params"][1]) > 1e-4  # what once failed a right run
+    checked, failures = D.check_variant("bucketed", [dp, dp], ref, dp, adam, p0)
+    assert failures == []
+    assert checked["max_rel_diff_params_vs_optimizer"] <= 1e-6
+    assert checked["max_rel_diff_params_vs_reference"] <= checked["params_vs_reference_allowed"]
+
+    moved = {**dp, "params": [dp["params"][0], dp["params"][1].copy()]}
+    moved["params"][1][3] += 0.002  # a tenth of lr: inside the rounding allowance vs the full batch
+    _, failures = D.check_variant("bucketed", [moved, moved], ref, dp, adam, p0)
+    assert _failed(failures) == ["bucketed: parameters vs the optimizer on the averaged gradients",
+                                 "bucketed: differs from the naive program"]
+
+    summed = _stepped(adam, p0, [2 * g for g in dp_grads], [1.0, 0.9])  # allreduce(sum) where avg belongs
+    _, failures = D.check_variant("bucketed", [summed, summed], ref, dp, adam, p0)
+    assert _failed(failures) == ["bucketed: gradients vs the full-batch step", "bucketed: differs from the naive program"]
+
+    _, failures = D.check_variant("bucketed", [dp, moved], ref, dp, adam, p0)
+    assert failures[-1] == "bucketed: ranks disagree on gradients or parameters (max |diff| 0.002)"
+
+
+def test_check_holds_sgd_to_the_full_batch_step():
+    sgd = D.new_optimizer(D.Config(optimizer="sgd", lr=0.02))
+    rng = np.random.default_rng(1)
+    p0 = rng.standard_normal(1000).astype("float32")
+    grads = [rng.standard_normal(1000).astype("float32") for _ in range(2)]
+    ref = _stepped(sgd, p0, grads, [1.0, 0.9])
+    checked, failures = D.check_variant("naive", [ref], ref, ref, sgd, p0)
+    assert failures == [] and checked["params_vs_reference_allowed"] == pytest.approx(1e-5)
+    moved = {**ref, "params": [ref["params"][0], ref["params"][1] + np.float32(1e-3)]}
+    _, failures = D.check_variant("naive", [moved], ref, ref, sgd, p0)
+    assert _failed(failures) == ["naive: parameters vs the optimizer on the averaged gradients",
+                                 "naive: parameters vs the full-batch step", "naive: differs from the naive program"]
+
+
+def test_failed_compile_leaves_no_folder(tmp_path):
+    """compile_shared on 2 ranks, rank 1's build raising: one error, and its shared folder removed."""
+    prog = tmp_path / "prog.py"
+    prog.write_text(
+        "from tvm_combiners.examples.report import compile_shared\n"
+        "class Built:\n"
+        "    def export_library(self, path):\n"
+        "        open(path, 'w').write('not a library')\n"
+        "def fail():\n"
+        "    raise RuntimeError('no compiler here')\n"
+        "compile_shared({'a': Built, 'b': fail}, 'test')\n")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.run([EXE, "launch", "-n", "2", "--timeout", "60", "--", "python", str(prog)],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "TMPDIR": str(tmp)})
+    assert proc.returncode != 0
+    assert "tvm-combiners launch: rank 1 failed: RuntimeError: no compiler here" in proc.stderr, proc.stderr
+    assert list(tmp.iterdir()) == []
+
+
+def test_oversubscription_is_named_only_where_ranks_outnumber_cores(monkeypatch):
+    from tvm_combiners.examples import report
+
+    monkeypatch.setattr(report, "cores", lambda: 2)
+    assert report.oversubscription(2) is None
+    assert report.oversubscription(3) == "3 ranks on 2 cores: timings include oversubscription"

@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("tvm_ffi")
 
 from tvm_combiners.examples import pipeline_bert as P  # noqa: E402
+from tvm_combiners.examples.report import oversubscription  # noqa: E402
 
 SCRIPT_DIR = os.path.dirname(sys.executable)
 EXE = shutil.which("tvm-combiners", path=SCRIPT_DIR)
@@ -76,6 +77,8 @@ def test_pipeline_on_2_ranks_equals_onnxruntime_and_combines_per_micro_batch():
     report = json.loads(proc.stdout)
     assert report["ok"] and report["failures"] == [], report["failures"]
     assert [s["layers"] for s in report["stages"]] == [[0], [1, 2]]
+    assert all(s["stage_ms"] > 0 for s in report["stages"])  # each timed alone, the other rank asleep
+    assert report["oversubscribed"] == oversubscription(2)
     unc, comb = report["variants"]["uncombined"], report["variants"]["combined"]
     # 3 micro-batches x 4 tensors over the one hop; combined: one transfer per micro-batch
     assert (unc["sends"], unc["recvs"]) == (12, 12)
@@ -89,13 +92,19 @@ def test_pipeline_on_2_ranks_equals_onnxruntime_and_combines_per_micro_batch():
         assert v["pipeline_ms"] > 0
 
 
-def test_json_error_document_when_the_example_never_reports():
-    cmd = [EXE, "launch", "-n", "1", "--timeout", "60", "--example", "pipeline-bert", "--json", "--", "--micro-batches", "1"]
+def test_json_error_document_when_the_job_times_out():
+    # killed ranks make MPICH print its BAD TERMINATION banner: on stderr, stdout stays one document
+    cmd = [EXE, "launch", "-n", "2", "--timeout", "5", "--example", "pipeline-bert", "--json", "--", "--opt-level", "0"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
-    doc = json.loads(proc.stdout)
-    assert doc["ok"] is False and doc["error"]["stage"] == "launch" and doc["error"]["exit_code"] == 2
-    assert "--micro-batches must be at least 2" in proc.stderr
+    assert proc.returncode == 124
+    assert json.loads(proc.stdout) == {"ok": False, "error": {
+        "file": None, "stage": "launch", "bad_input": False, "exit_code": 124,
+        "message": "launch --example pipeline-bert: the job timed out after 5 s (exit code 124) before rank 0 wrote its report"}}
+    assert "tvm-combiners launch: timed out after 5 s: killed all 2 ranks" in proc.stderr
+
+
+def test_model_limits_are_read_from_the_onnx_graph():
+    assert P.model_limits() == (3, 512)  # MiniLM-L3: what launch checks -n and --seq against
 
 
 def test_a_failed_equality_exits_non_zero_with_the_report():

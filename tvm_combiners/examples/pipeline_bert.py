@@ -63,9 +63,25 @@ def layer_ends(block: Any) -> list[int]:
 
     norms = [i for i, b in enumerate(block.bindings)
              if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == "relax.nn.layer_norm"]
-    if len(norms) < 3 or len(norms) % 2 != 1:
-        raise ValueError(f"pipeline-bert: expected 1 + 2 x layers LayerNorms (a BERT encoder), found {len(norms)}")
+    layer_count(len(norms))
     return norms[2::2]
+
+
+def layer_count(norms: int) -> int:
+    """The encoder layers of a BERT with ``norms`` LayerNorms (1 + 2 x layers)."""
+    if norms < 3 or norms % 2 != 1:
+        raise ValueError(f"pipeline-bert: expected 1 + 2 x layers LayerNorms (a BERT encoder), found {norms}")
+    return (norms - 1) // 2
+
+
+def model_limits() -> tuple[int, int | None]:
+    """(encoder layers, positions) of the default model, read from its ONNX graph without importing it
+    (half a second: the launching process checks the options with them before any rank starts)."""
+    from ..models.loader import default_model_path, load_onnx, position_limit
+
+    model = load_onnx(default_model_path())
+    limit = position_limit(model)
+    return layer_count(sum(n.op_type == "LayerNormalization" for n in model.graph.node)), limit and limit[0]
 
 
 def plan_stages(func: Any, num_stages: int) -> list[Stage]:
@@ -293,7 +309,7 @@ def run(cfg: Config) -> dict[str, Any]:
     from ..collectives.runtime import rank as get_rank
     from ..collectives.runtime import world_size
     from ..models import default_model_path, example_inputs, import_relax, prepare_onnx, run_onnxruntime
-    from .report import comm, compile_shared, interleaved_times, max_abs, progress
+    from .report import comm, compile_shared, interleaved_times, max_abs, oversubscription, progress, times_in_turn
 
     rank, world = get_rank(), world_size()
     path = default_model_path()
@@ -324,12 +340,14 @@ def run(cfg: Config) -> dict[str, Any]:
             mine["outputs"][name] = [[o.numpy() for o in mb] for mb in outs]
     progress(TAG, f"timing ({cfg.repeat} runs each, programs taking turns)")
     mine["time"] = interleaved_times({name: (lambda vm=vm: vm["main"](*args)) for name, vm in vms.items()}, cfg.repeat)
-    # this rank's stage alone, on zeros of its input types: the time the pipeline overlaps
+    # this rank's stage alone (the other ranks sleep meanwhile), on zeros of its input types: the time
+    # the pipeline overlaps
+    progress(TAG, f"timing each stage alone ({cfg.repeat} runs each, one rank at a time)")
     vm = relax.VirtualMachine(libs["uncombined"], tvm.cpu())
     st = stages[rank]
     stage_args = [tvm.runtime.tensor(np.zeros([int(d) for d in v.ty.shape.values], str(v.ty.dtype)))
                   for v in st.inputs]
-    mine["stage_s"] = interleaved_times({"stage": lambda: vm[f"stage{rank}"](*stage_args)}, cfg.repeat)["stage"]
+    mine["stage_s"] = times_in_turn(lambda: vm[f"stage{rank}"](*stage_args), cfg.repeat)
     gathered = comm().gather(mine, root=0)
     if rank != 0:
         return {}
@@ -348,6 +366,7 @@ def run(cfg: Config) -> dict[str, Any]:
                     "sends": describe_values(imported["main"], s.outputs),
                     "stage_ms": 1e3 * gathered[s.index]["stage_s"]} for s in stages],
         "combiner": "SendRecvCombiner" if combiner is not None else "not combined yet (SendRecvCombiner not exported)",
+        "oversubscribed": oversubscription(world),
         "variants": {},
     }
     for name, (mod, notes) in variants.items():
@@ -404,8 +423,10 @@ def render(report: dict[str, Any]) -> str:
     lines.append(table(rows, ["program", "sends", "recvs", "bytes per send", "compile s", "pipeline ms",
                               "max |diff| vs ORT", "vs uncombined"]))
     o = report["overlap"]
-    lines.append(f"\nno overlap would take ~{o['sequential_estimate_ms']:.1f} ms (micro-batches x sum of stages); "
-                 f"an ideal pipeline ~{o['ideal_pipeline_ms']:.1f} ms")
+    lines.append(f"\nno overlap would take ~{o['sequential_estimate_ms']:.1f} ms (micro-batches x sum of stages, "
+                 f"each timed alone); an ideal pipeline ~{o['ideal_pipeline_ms']:.1f} ms")
+    if report["oversubscribed"]:
+        lines.append(report["oversubscribed"])
     for name, v in report["variants"].items():
         for note, count in Counter(v["notes"]).items():
             lines.append(f"{name}: {note}" + (f" (x{count})" if count > 1 else ""))
@@ -413,27 +434,50 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tvm_combiners.examples.pipeline_bert", description=__doc__.splitlines()[0])
-    d = Config()
-    parser.add_argument("--seq", type=int, default=d.seq)
-    parser.add_argument("--micro-batch", type=int, default=d.micro_batch, help="rows per micro-batch")
-    parser.add_argument("--micro-batches", type=int, default=d.micro_batches)
-    parser.add_argument("--repeat", type=int, default=d.repeat, help="timed runs (median)")
-    parser.add_argument("--opt-level", type=int, choices=range(4), default=d.opt_level,
-                        help="LLVM optimization level (0 compiles much faster)")
-    parser.add_argument("--atol", type=float, default=d.atol, help="allowed max |diff| vs onnxruntime")
+def parser(prog: str = "python -m tvm_combiners.examples.pipeline_bert") -> Any:
+    """The example's options (``tvm-combiners launch --example pipeline-bert`` checks them with it too)."""
+    from ..cli import Parser
     from .report import add_output_options
 
-    add_output_options(parser)
-    args = parser.parse_args(argv)
-    if args.micro_batches < 2:
-        parser.error("--micro-batches must be at least 2 (so stages overlap)")
-    cfg = Config(seq=args.seq, micro_batch=args.micro_batch, micro_batches=args.micro_batches, repeat=args.repeat,
-                 opt_level=args.opt_level, atol=args.atol)
-    from .report import finish
+    p = Parser(prog=prog, description=__doc__.splitlines()[0])
+    d = Config()
+    p.add_argument("--seq", type=int, default=d.seq)
+    p.add_argument("--micro-batch", type=int, default=d.micro_batch, help="rows per micro-batch")
+    p.add_argument("--micro-batches", type=int, default=d.micro_batches, help="at least 2 (so stages overlap)")
+    p.add_argument("--repeat", type=int, default=d.repeat, help="timed runs (median)")
+    p.add_argument("--opt-level", type=int, choices=range(4), default=d.opt_level,
+                   help="LLVM optimization level (0 compiles much faster)")
+    p.add_argument("--atol", type=float, default=d.atol, help="allowed max |diff| vs onnxruntime")
+    add_output_options(p)
+    return p
 
-    return finish(run(cfg), render, args.json, args.json_out)
+
+def config(args: argparse.Namespace, ranks: int) -> Config:
+    """The run's Config from parsed options for ``ranks`` stages, checked against the model's layers
+    and positions; a bad option (or a missing model) raises UsageError."""
+    from ..cli import UsageError
+    from . import require_finite, require_positive
+
+    require_positive(args, "seq", "micro_batch", "repeat")
+    require_finite(args, "atol", 0.0, strict=False)
+    if args.micro_batches < 2:
+        raise UsageError(f"--micro-batches must be at least 2 (so stages overlap), got {args.micro_batches}")
+    try:
+        layers, positions = model_limits()
+    except (OSError, ValueError) as err:  # FileNotFoundError: the model's package is missing
+        raise UsageError(str(err)) from err
+    if not 1 <= ranks <= layers:
+        raise UsageError(f"-n {ranks}: one stage per rank needs 1 <= ranks <= {layers} (the model's layers)")
+    if positions is not None and args.seq > positions:
+        raise UsageError(f"--seq {args.seq} is beyond the model's {positions} positions")
+    return Config(seq=args.seq, micro_batch=args.micro_batch, micro_batches=args.micro_batches, repeat=args.repeat,
+                  opt_level=args.opt_level, atol=args.atol)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .report import example_main
+
+    return example_main(parser(), config, run, render, argv)
 
 
 if __name__ == "__main__":

@@ -65,9 +65,13 @@ def compile_shared(builders: dict[str, Callable[[], Any]], tag: str) -> tuple[di
         error = err
     quiet_barrier()
     failed = [r for r, bad in enumerate(c.allgather(error is not None)) if bad]
-    if error is not None:
-        raise error
-    if failed:  # the failing rank raises its own error; the others say where it happened
+    if failed:  # the folder goes before anyone raises: a raising rank aborts the whole job
+        if rank == 0:
+            shutil.rmtree(folder, ignore_errors=True)
+        quiet_barrier()
+        if error is not None:
+            raise error
+        # the failing rank raises its own error; the others say where it happened
         raise RuntimeError(f"{tag}: compiling failed on rank {failed[0]} (its error is reported above)")
     all_times: dict[str, float] = {}
     for part in c.allgather(times):
@@ -77,6 +81,41 @@ def compile_shared(builders: dict[str, Callable[[], Any]], tag: str) -> tuple[di
     if rank == 0:
         shutil.rmtree(folder, ignore_errors=True)
     return loaded, all_times
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def oversubscription(ranks: int) -> str | None:
+    """The report's line where the ranks outnumber the cores (their timings then include waiting for one)."""
+    n = cores()
+    return f"{ranks} ranks on {n} cores: timings include oversubscription" if ranks > n else None
+
+
+def times_in_turn(call: Callable[[], Any], repeat: int) -> float:
+    """Median seconds of this rank's ``call``, the ranks taking turns while the others sleep.
+
+    Timed on every rank at once, N ranks on fewer cores would time their contention (measured: a
+    pipeline stage 231 ms among 3 ranks on 2 cores, 125 ms alone); the waiting ranks sleep in
+    :func:`quiet_barrier`, where a blocking barrier would spin a core. One untimed call first.
+    """
+    c = comm()
+    times: list[float] = []
+    for turn in range(c.Get_size()):
+        quiet_barrier()
+        if turn == c.Get_rank():
+            call()
+            for _ in range(repeat):
+                start = time.perf_counter()
+                call()
+                times.append(time.perf_counter() - start)
+    quiet_barrier()
+    return float(np.median(times))
 
 
 def max_abs(a: np.ndarray, b: np.ndarray) -> float:
@@ -124,6 +163,23 @@ def finish(report: dict[str, Any], render: Callable[[dict[str, Any]], str], as_j
             print(f"[{report.get('example', 'example')}] FAILED: " + "; ".join(report.get("failures", [])),
                   file=sys.stderr, flush=True)
     return 0 if ok else 1
+
+
+def example_main(parser: Any, config: Callable[[Any, int], Any], run: Callable[[Any], dict[str, Any]],
+                 render: Callable[[dict[str, Any]], str], argv: list[str] | None) -> int:
+    """An example's ``main`` on every rank: options checked (a bad one is one line, from rank 0, and
+    exit 2 on every rank), the job run, rank 0 reporting (see :func:`finish`)."""
+    from ..cli import UsageError
+    from ..collectives.runtime import world_size
+
+    try:
+        args = parser.parse_args(argv)
+        cfg = config(args, world_size())
+    except UsageError as err:
+        if comm().Get_rank() == 0:
+            print(f"{parser.prog}: error: {err}", file=sys.stderr, flush=True)
+        return 2
+    return finish(run(cfg), render, args.json, args.json_out)
 
 
 def add_output_options(parser: Any) -> None:
