@@ -101,7 +101,7 @@ class JobReport:
                 + ["-" if v.max_abs_diff is None else f"{v.max_abs_diff:.2e}"]
             )
         if self.ort_latency_s is not None:
-            rows.append([f"onnxruntime (cpu, {self.ort_threads} threads)"] + ["-"] * len(ops) + ["-"]
+            rows.append([f"onnxruntime (cpu, {self.ort_threads} thread{'s' * (self.ort_threads != 1)})"] + ["-"] * len(ops) + ["-"]
                         + [f"{self.ort_latency_s * 1e3:.2f}", "0"])
         lines = table(rows, head).splitlines()
         ratio = self.speedup()
@@ -366,7 +366,7 @@ def run_job(model_path: str | None = None, target: str = "llvm", ir: str | None 
             _time_alternating(backend, runnable, inputs, target, repeat, report, progress)
     with _stage(path, "reference", "onnxruntime fails to time the model", bad_input=False):
         report.ort_threads = cpu_threads()
-        progress(f"timing onnxruntime ({repeat} runs, {report.ort_threads} threads)")
+        progress(f"timing onnxruntime ({repeat} runs, {report.ort_threads} thread{'s' * (report.ort_threads != 1)})")
         report.ort_latency_s = time_onnxruntime(model, inputs, repeat, report.ort_threads)
     return report
 
