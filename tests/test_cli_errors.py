@@ -312,10 +312,10 @@ def test_text_report_puts_onnxruntime_beside_tvm(capsys, tmp_path, monkeypatch):
     path = parallel_matmuls(tmp_path / "p.onnx")
     assert main(["run", str(path), "--batch", "3", "--repeat", "2"]) == 0
     out, err = capsys.readouterr()
-    assert "[tvm-combiners] timing onnxruntime (2 runs, 1 threads)" in err
+    assert "[tvm-combiners] timing onnxruntime (2 runs, 1 thread)" in err
     rows = {line.split("  ")[0]: line for line in out.splitlines()}
-    assert "onnxruntime (cpu, 1 threads)" in rows
-    assert float(rows["onnxruntime (cpu, 1 threads)"].split()[-2]) >= 0
+    assert "onnxruntime (cpu, 1 thread)" in rows
+    assert float(rows["onnxruntime (cpu, 1 thread)"].split()[-2]) >= 0
     assert re.search(r"^latency over onnxruntime's: baseline \d+\.\d\dx, combined \d+\.\d\dx$", out, re.M)
     assert re.search(r"^speedup of combined over baseline: \d+\.\d\dx "
                      r"\(median of 2 alternating rounds, \d+\.\d\dx-\d+\.\d\dx\)$", out, re.M)
@@ -384,6 +384,28 @@ def test_usage_error_is_one_line(capsys, argv, line, as_json):
                                                           "bad_input": True, "exit_code": 2}}
     else:
         assert out == ""
+
+
+@pytest.mark.parametrize("argv,line", [
+    # no abbreviations: '--hel' reached argparse's help action (help on stdout under --json)
+    (["--example", "dp-train", "--json", "--", "--hel"], "launch --example dp-train: unrecognized arguments: --hel"),
+    # the launcher's own options are checked before the job: its failure read as the job's, in two lines
+    (["--timeout", "0", "--example", "dp-train", "--json"],
+     "launch: the timeout must be a positive, finite number of seconds, got 0"),
+])
+def test_launch_options_are_checked_before_the_job(capsys, argv, line):
+    assert main(["launch", "-n", "2", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert err == f"{ERROR}{line}\n"
+    assert json.loads(out) == {"ok": False, "error": {"file": None, "stage": "setup", "message": line,
+                                                      "bad_input": True, "exit_code": 2}}
+
+
+def test_abbreviated_options_are_refused(capsys):
+    """'--js' was taken for --json, without the JSON error document."""
+    with pytest.raises(SystemExit):
+        main(["run", "x.onnx", "--js"])
+    assert capsys.readouterr().err == f"{ERROR}unrecognized arguments: --js\n"
 
 
 def test_usage_error_from_the_console_script():

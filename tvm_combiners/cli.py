@@ -47,6 +47,12 @@ class Parser(argparse.ArgumentParser):
     examples use it too, so the launching process can check their options before any rank starts.
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # no abbreviations: '--hel' would reach argparse's own help action (stdout, exit), '--js' would
+        # be --json without the JSON error document
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         raise UsageError(message, self.prog)
 
@@ -152,10 +158,15 @@ def _load_launch() -> tuple[Callable[[argparse.ArgumentParser], None], Callable[
         parser.add_argument("--json", action="store_true",
                             help="with --example: the job's report as one JSON document on stdout")
 
-    return add_arguments, lambda args: _launch(args, launch.main)
+    def check(args: argparse.Namespace) -> None:
+        launch.check_job(args.np, args.timeout)
+        launch.find_mpiexec()
+
+    return add_arguments, lambda args: _launch(args, launch.main, check)
 
 
-def _launch(args: argparse.Namespace, run_job: Callable[[argparse.Namespace], int]) -> int:
+def _launch(args: argparse.Namespace, run_job: Callable[[argparse.Namespace], int],
+            check_job: Callable[[argparse.Namespace], None] = lambda args: None) -> int:
     """``launch``: a command, or ``--example NAME`` whose rank 0 reports (as JSON with ``--json``)."""
     import tempfile
 
@@ -171,6 +182,10 @@ def _launch(args: argparse.Namespace, run_job: Callable[[argparse.Namespace], in
                                   f"its options (e.g. -- --help), not a command ({extra[0]!r})")
     if args.np < 1:
         return _setup_error(args, f"launch: -n must be a positive number of ranks, got {args.np}")
+    try:  # the launcher's own options too, before the job (its failure would read as the job's)
+        check_job(args)
+    except (ValueError, FileNotFoundError) as err:
+        return _setup_error(args, "launch: " + str(err).removeprefix(f"{PROG} launch: "))
     try:  # here, once, before any rank starts: not a traceback (or a help text) from every rank
         help_text = check_options(args.example, extra, args.np)
     except UsageError as err:
@@ -200,6 +215,9 @@ def _stdout_to_stderr() -> Iterator[None]:
     """File descriptor 1 is stderr's meanwhile: mpiexec and the ranks inherit it, so what they print
     (MPICH's BAD TERMINATION banner when a rank is killed or the job times out) stays out of the
     one JSON document that stdout holds under ``--json``."""
+    if sys.stdout is None:  # started with stdout closed: nothing to keep clean
+        yield
+        return
     sys.stdout.flush()
     saved = os.dup(1)
     try:

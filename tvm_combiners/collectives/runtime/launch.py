@@ -230,6 +230,16 @@ def rank_environment(n: int, environ: dict[str, str] | None = None) -> dict[str,
     return env
 
 
+def check_job(n: int, timeout: float | None) -> float:
+    """The job's timeout in seconds, once ``n`` and ``timeout`` are known to be usable (ValueError else)."""
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"{PREFIX}: the number of ranks must be a positive integer, got {n!r}")
+    timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
+    if not 0 < timeout < math.inf:  # NaN and inf too: no rank may wait forever
+        raise ValueError(f"{PREFIX}: the timeout must be a positive, finite number of seconds, got {timeout:g}")
+    return timeout
+
+
 def launch(n: int, argv: list[str], timeout: float | None = None) -> int:
     """Run ``argv`` on ``n`` ranks; return its exit code (124 after a timeout), naming failed ranks.
 
@@ -237,16 +247,12 @@ def launch(n: int, argv: list[str], timeout: float | None = None) -> int:
     Ctrl-C, or a SIGTERM or SIGHUP to this process (in the main thread): the ranks are killed and
     ``KeyboardInterrupt`` (its message names the signal) propagates.
     """
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"{PREFIX}: the number of ranks must be a positive integer, got {n!r}")
+    timeout = check_job(n, timeout)
     argv = list(argv)
     if argv and argv[0] == "--":
         argv = argv[1:]
     if not argv:
         raise ValueError(f"{PREFIX}: no command to run: give it after '--', e.g. -n 2 -- python prog.py")
-    timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
-    if not 0 < timeout < math.inf:  # NaN and inf too: no rank may wait forever
-        raise ValueError(f"{PREFIX}: the timeout must be a positive, finite number of seconds, got {timeout:g}")
     command = rank_command(argv)  # a bare python is this interpreter, on PATH or not
     if shutil.which(command[0]) is None:
         raise ValueError(f"{PREFIX}: command not found: {argv[0]!r} (not an executable path, nor on PATH)")
