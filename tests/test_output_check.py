@@ -91,3 +91,27 @@ def test_the_header_shows_the_sizes_the_modules_ran_on() -> None:
     no_seq = JobReport("m.onnx", "relax", "llvm", 3, 5, inputs={"x": [3, 16]})
     assert no_seq.sizes() == "inputs x (3, 16) (--seq 5 does not apply: the model fixes these sizes)"
     assert static.to_dict()["inputs"] == {"x": [1, 8]}
+
+
+def test_onnxruntime_is_timed_on_the_cores_the_process_started_with(monkeypatch) -> None:
+    """TVM's thread pool pins the thread that starts it to one core; onnxruntime's threads inherited it."""
+    import os
+
+    import tvm
+
+    from tvm_combiners.models import loader
+
+    if not hasattr(os, "sched_getaffinity") or len(loader._START_CPUS) < 2:
+        pytest.skip("needs a process allowed on 2 or more cores")
+    tvm.get_global_func("runtime.NumThreads")()  # starts TVM's pool, which pins this thread
+    seen = []
+
+    class Session:
+        def run(self, _outputs, _inputs):
+            seen.append(os.sched_getaffinity(0))
+
+    monkeypatch.setattr(loader, "_ort_session", lambda model, threads: Session())
+    before = os.sched_getaffinity(0)
+    loader.time_onnxruntime(None, {}, repeat=2, threads=2)
+    assert seen and all(cpus == set(loader._START_CPUS) for cpus in seen)
+    assert os.sched_getaffinity(0) == before  # TVM's pin is left as TVM set it
