@@ -454,6 +454,16 @@ def test_cuda_dispatch_uses_nccl_on_the_stream_or_stages(monkeypatch: pytest.Mon
     assert len(calls) == 5
 
 
+def test_ranks_are_not_all_pinned_to_the_first_core(tmp_path: Path) -> None:
+    """TVM's pool pinned each rank's main thread to the pool's first core: every rank on core 0."""
+    prog = tmp_path / "affinity.py"
+    prog.write_text("import os, sys, tvm\nfrom mpi4py import MPI\ntvm.get_global_func('runtime.NumThreads')()\n"
+                    "open(f'{sys.argv[1]}/rank{MPI.COMM_WORLD.Get_rank()}', 'w').write(repr(sorted(os.sched_getaffinity(0))))\n")
+    start = sorted(os.sched_getaffinity(0))
+    assert launch_mod_func(2, ["python", str(prog), str(tmp_path)], timeout=120) == 0
+    assert [ast.literal_eval((tmp_path / f"rank{r}").read_text()) for r in range(2)] == [start, start]
+
+
 def test_ranks_share_the_cores_between_their_thread_pools() -> None:
     from tvm_combiners.collectives.runtime.launch import rank_environment
 
@@ -461,7 +471,8 @@ def test_ranks_share_the_cores_between_their_thread_pools() -> None:
     assert rank_environment(2, {})["TVM_NUM_THREADS"] == str(max(1, cores // 2))
     assert rank_environment(cores * 4, {})["TVM_NUM_THREADS"] == "1"
     assert rank_environment(2, {"TVM_NUM_THREADS": "7", "X": "y"}) == {"TVM_NUM_THREADS": "7", "X": "y",
-                                                                      "PYTHONFAULTHANDLER": "1"}
+                                                                      "PYTHONFAULTHANDLER": "1", "TVM_BIND_THREADS": "0"}
+    assert rank_environment(2, {"TVM_BIND_THREADS": "1"})["TVM_BIND_THREADS"] == "1"
     assert rank_environment(2, {"PYTHONFAULTHANDLER": ""})["PYTHONFAULTHANDLER"] == ""  # the user's own is kept
 
 

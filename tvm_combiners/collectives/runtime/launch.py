@@ -218,7 +218,7 @@ def _terminate_as_interrupt() -> Iterator[None]:
 
 
 def rank_environment(n: int, environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The ranks' environment: TVM's thread pool sized to this machine's share of each rank.
+    """The ranks' environment: TVM's thread pool sized to this machine's share of each rank, unpinned.
 
     Every rank would otherwise start one worker per core, so n ranks oversubscribe the machine n
     times over (measured: Relay's per-kernel parallel launches 9x slower). A user's own
@@ -227,6 +227,9 @@ def rank_environment(n: int, environ: dict[str, str] | None = None) -> dict[str,
     env = dict(os.environ if environ is None else environ)
     env.setdefault("TVM_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
     env.setdefault("PYTHONFAULTHANDLER", "1")  # a crashing rank says so ("Fatal Python error: ...")
+    # TVM's pool pins the thread that starts it to the pool's first cores, the same ones on every
+    # rank: 2 ranks of 1 thread each both ran on core 0 of 2 (os.sched_getaffinity: {0} on each)
+    env.setdefault("TVM_BIND_THREADS", "0")
     return env
 
 
