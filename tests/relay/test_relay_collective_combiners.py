@@ -261,11 +261,11 @@ def test_let_form_chain_is_reordered_so_that_late_operands_combine():
     mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], late)))
     new, reports = _reports(CB.CombineCollectives, mod)
     assert [r.num_ops for r in reports] == [2] and _count_all(new, "allreduce") == 1
-    bound, result = CB._let_chain(new["main"].body)
-    names = [v.name_hint for v, _ in bound]
+    chain = CB._let_chain(new["main"].body)
+    names = [let.var.name_hint for let in chain.lets]
     assert names[:2] == ["z", "combined_allreduce"] and sorted(names[2:]) == ["a", "b"]
-    by_name = {v.name_hint: v for v, _ in bound}
-    assert [f.same_as(by_name[n]) for f, n in zip(result.fields, "ab")] == [True, True]  # read as before
+    by_name = {let.var.name_hint: let.var for let in chain.lets}
+    assert [f.same_as(by_name[n]) for f, n in zip(chain.result.fields, "ab")] == [True, True]  # read as before
     _same_vm_results(mod, new, [np.arange(3, dtype="float32")])
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import numbers
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +48,11 @@ RUNTIME_PREFIX = "tvm_combiners."
 AGREE_SHAPES = RUNTIME_PREFIX + "agree_shapes"
 #: Set to 1 for the ranks (before they compile): every collective first checks that its group calls the same one.
 CHECK_COLLECTIVES_ENV = "TVM_COMBINERS_CHECK_COLLECTIVES"
+
+
+def checking_collectives() -> bool:
+    """Whether this process runs with the collectives check on (read once, at import, by the runtime)."""
+    return os.environ.get(CHECK_COLLECTIVES_ENV, "") not in ("", "0")
 
 TOKEN_DTYPE = "int32"
 TOKEN_SHAPE: tuple[int, ...] = ()

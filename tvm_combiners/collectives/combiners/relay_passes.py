@@ -216,33 +216,37 @@ def _units(groups: list[list[int]], transfers: list[tuple[list[int], list[int]]]
     return units
 
 
-def _let_chain(body: relay.Expr) -> tuple[list[tuple[relay.Var, relay.Expr]], relay.Expr]:
-    """``let v1 = e1; let v2 = e2; ...; result`` -> ([(v1, e1), (v2, e2), ...], result)."""
-    bindings = []
+@dataclasses.dataclass
+class _LetChain:
+    """A function body's top-level ``let v1 = e1; let v2 = e2; ...; result``, read once."""
+
+    lets: list[relay.Let]
+    result: relay.Expr
+    var_of: dict[relay.Expr, relay.Var]  # each bound value -> its variable (the last, if bound twice)
+
+
+def _let_chain(body: relay.Expr) -> _LetChain:
+    lets = []
     while isinstance(body, relay.Let):
-        bindings.append((body.var, body.value))
+        lets.append(body)
         body = body.body
-    return bindings, body
+    return _LetChain(lets, body, {let.value: let.var for let in lets})
 
 
-def _schedulable_chain(whole: relay.Expr, reg: Any, bindings: list[tuple[relay.Var, relay.Expr]],
-                       ordered: list[bool]) -> bool:
+def _schedulable_chain(chain: _LetChain, whole: relay.Expr, reg: Any, ordered: list[bool]) -> bool:
     """Let form where the chain can be re-emitted in the planner's order: every collective, send, recv
     and opaque node holding some (``ordered``) is the whole value of one top-level binding and read
     nowhere else but through its variable, so it moves exactly where the planner's order puts it; no
     two bindings share one value; and no reference cell is read or written (the order between those
     is not a dependence the planner sees)."""
-    values = {value: var for var, value in bindings}
-    if len(values) != len(bindings) or not all(e in values for e, must in zip(reg.exprs, ordered) if must):
+    values = chain.var_of
+    if len(values) != len(chain.lets) or not all(e in values for e, must in zip(reg.exprs, ordered) if must):
         return False
-    chain, body = set(), whole
-    while isinstance(body, relay.Let):
-        chain.add(body)
-        body = body.body
+    lets = set(chain.lets)
     for user, deps in zip(reg.exprs, reg.deps):
         for d in deps:
             e = reg.exprs[d]
-            if not ordered[d] or (user in chain and user.value.same_as(e)) or user.same_as(values[e]):
+            if not ordered[d] or (user in lets and user.value.same_as(e)) or user.same_as(values[e]):
                 continue  # its own binding in the chain, and its variable
             return False  # also read elsewhere (an operand, a let body): it would run twice
     refs: list[relay.Expr] = []
@@ -251,10 +255,10 @@ def _schedulable_chain(whole: relay.Expr, reg: Any, bindings: list[tuple[relay.V
 
 
 def _reschedule(reg: Any, order: list[int], plan_order: list[int], units: list[_Group],
-                bindings: list[tuple[relay.Var, relay.Expr]], result: relay.Expr, opts: CombinerOptions) -> relay.Expr:
+                chain: _LetChain, opts: CombinerOptions) -> relay.Expr:
     """The let chain re-emitted in the planner's contracted order, each group at its unit's place:
     ``let c = <combined op>`` then every member's variable bound to its piece of ``c``."""
-    var_of = {value: var for var, value in bindings}
+    var_of = chain.var_of
     out: list[tuple[relay.Var, relay.Expr]] = []
     for u in plan_order:
         if u >= 0:
@@ -267,7 +271,7 @@ def _reschedule(reg: Any, order: list[int], plan_order: list[int], units: list[_
         c = relay.Var(f"combined_{group[1][0].family}")
         out.append((c, combined))
         out.extend((var_of[op.call], piece) for op, piece in zip(group[1], pieces(c)))
-    body = result
+    body = chain.result
     for var, value in reversed(out):
         body = relay.Let(var, value, body)
     return body
@@ -334,11 +338,11 @@ def _combine_function(func: relay.Function, opts: CombinerOptions, channels: _Ch
 
     if not region.changed:
         return func
-    bindings, result = _let_chain(func.body)
+    chain = _let_chain(func.body)
     moves = [i in reg.nested or (spec is not None and spec.kind != "after_all") for i, spec in enumerate(specs)]
-    if bindings and _schedulable_chain(func.body, reg, bindings, moves):
+    if chain.lets and _schedulable_chain(chain, func.body, reg, moves):
         units = _units(region.groups, region.transfers, ops, channels)
-        body = _reschedule(reg, order, region.order, units, bindings, result, opts)
+        body = _reschedule(reg, order, region.order, units, chain, opts)
     else:  # graph form, or let form the chain cannot carry: each group where its first member sits
 
         def in_scope(members: list[int]) -> bool:

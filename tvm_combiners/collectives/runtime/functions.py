@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..spec import AGREE_SHAPES, CHECK_COLLECTIVES_ENV, RUNTIME_PREFIX
+from ..spec import AGREE_SHAPES, RUNTIME_PREFIX, checking_collectives
 from . import comm as _comm
 from . import tensors
 from .comm import Group, _routes, group, mpi, route
@@ -196,7 +196,7 @@ _groups = _comm._groups
 
 
 #: ``TVM_COMBINERS_CHECK_COLLECTIVES=1``: every collective first checks that its whole group calls the same one.
-_CHECK = os.environ.get(CHECK_COLLECTIVES_ENV, "") not in ("", "0")
+_CHECK = checking_collectives()
 _CALL_BYTES = 96  # how much of each rank's description a mismatch report shows
 
 

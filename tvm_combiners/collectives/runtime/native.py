@@ -20,7 +20,7 @@ import ctypes
 import os
 from typing import Any
 
-from ..spec import CHECK_COLLECTIVES_ENV
+from ..spec import checking_collectives
 from . import tensors
 from .comm import mpi
 
@@ -34,8 +34,7 @@ _ARR_DATA, _ARR_BYTE_OFFSET = 1, 8  # TVM's struct field kinds of a DLTensor
 
 #: ``TVM_COMBINERS_NATIVE=0`` (or setting this False before compiling) keeps every allreduce generic; so
 #: does the collectives check (``TVM_COMBINERS_CHECK_COLLECTIVES=1``), which lives in the generic path.
-ENABLED = (os.environ.get("TVM_COMBINERS_NATIVE", "1") != "0"
-           and os.environ.get(CHECK_COLLECTIVES_ENV, "") in ("", "0"))
+ENABLED = os.environ.get("TVM_COMBINERS_NATIVE", "1") != "0" and not checking_collectives()
 _kernel: Any = None  # the compiled module (kept alive: the registry holds a function of it)
 _unavailable: str | None = None  # why there is no native kernel in this process, once known
 
