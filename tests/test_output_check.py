@@ -99,9 +99,10 @@ def test_onnxruntime_is_timed_on_the_cores_the_process_started_with(monkeypatch)
 
     import tvm
 
+    from tvm_combiners.host import START_CORES
     from tvm_combiners.models import loader
 
-    if not hasattr(os, "sched_getaffinity") or len(loader._START_CPUS) < 2:
+    if not hasattr(os, "sched_getaffinity") or len(START_CORES) < 2:
         pytest.skip("needs a process allowed on 2 or more cores")
     tvm.get_global_func("runtime.NumThreads")()  # starts TVM's pool, which pins this thread
     seen = []
@@ -113,5 +114,5 @@ def test_onnxruntime_is_timed_on_the_cores_the_process_started_with(monkeypatch)
     monkeypatch.setattr(loader, "_ort_session", lambda model, threads: Session())
     before = os.sched_getaffinity(0)
     loader.time_onnxruntime(None, {}, repeat=2, threads=2)
-    assert seen and all(cpus == set(loader._START_CPUS) for cpus in seen)
+    assert seen and all(cpus == set(START_CORES) for cpus in seen)
     assert os.sched_getaffinity(0) == before  # TVM's pin is left as TVM set it

@@ -1,8 +1,10 @@
-"""The CPU that llvm code is compiled for, shared by the Relax and Relay runners."""
+"""The machine the code runs on: the CPU llvm code is compiled for, the cores this process may use."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 
 def host_cpu() -> str:
@@ -15,3 +17,36 @@ def host_cpu() -> str:
     import tvm
 
     return os.environ.get("TVM_COMBINERS_MCPU") or str(tvm.target.codegen.llvm_get_system_cpu())
+
+
+#: The cores the process started with, read when this module is first imported: TVM's thread pool
+#: later pins the thread that starts it to one core ({0, 1} -> {0}), and threads started after that
+#: (onnxruntime's) inherit the pin.
+START_CORES: frozenset[int] | None = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+
+
+def usable_cores() -> int:
+    """How many cores the process may run on (its starting affinity; the machine's count off Linux)."""
+    return len(START_CORES) if START_CORES else os.cpu_count() or 1
+
+
+@contextlib.contextmanager
+def on_start_cores() -> Iterator[None]:
+    """The calling thread back on :data:`START_CORES` while the block runs, TVM's pin restored after.
+
+    For work that must not inherit the pin: onnxruntime's threads, and processes started here (MPI
+    ranks and MetaSchedule's builders and runners), which keep the affinity of the thread that forks.
+    """
+    if START_CORES is None:
+        yield
+        return
+    now = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, START_CORES)
+    except OSError:  # the process was moved to other cores since: keep what it has
+        yield
+        return
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, now)

@@ -14,6 +14,7 @@ from typing import Any, Protocol, TextIO
 
 import numpy as np
 
+from .host import on_start_cores
 from .models import (
     ModelError,
     default_model_path,
@@ -345,7 +346,8 @@ def run_job(model_path: str | None = None, target: str = "llvm", ir: str | None 
         if tune is not None:
             with _stage(path, "tune", f"MetaSchedule cannot tune the {label} module for {target}", bad_input=False):
                 progress(f"tuning {label} for {target} ({tune} trials per task)")
-                tuned = backend.tune(mod, target, tune, tune_dir, progress)
+                with on_start_cores():  # its builders and runners would inherit the pin of TVM's pool
+                    tuned = backend.tune(mod, target, tune, tune_dir, progress)
         with _stage(path, "compile", f"TVM cannot compile the {label} module for {target}", bad_input=is_baseline):
             progress(f"compiling {label} for {target}")
             start = time.perf_counter()

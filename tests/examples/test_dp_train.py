@@ -193,6 +193,6 @@ def test_failed_compile_leaves_no_folder(tmp_path):
 def test_oversubscription_is_named_only_where_ranks_outnumber_cores(monkeypatch):
     from tvm_combiners.examples import report
 
-    monkeypatch.setattr(report, "cores", lambda: 2)
+    monkeypatch.setattr(report, "usable_cores", lambda: 2)
     assert report.oversubscription(2) is None
     assert report.oversubscription(3) == "3 ranks on 2 cores: timings include oversubscription"

