@@ -34,10 +34,10 @@ test: $(VENV)/.installed $(VENV_RELAY)/.installed
 
 test-main: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -q tests --ignore=tests/relay
+	$(VENV)/bin/python -m pytest -q --durations=15 tests --ignore=tests/relay
 
 test-relay: $(VENV_RELAY)/.installed
-	$(VENV_RELAY)/bin/python -m pytest -q tests/relay
+	$(VENV_RELAY)/bin/python -m pytest -q --durations=15 tests/relay
 
 bench: $(VENV)/.installed $(VENV_RELAY)/.installed
 	$(VENV)/bin/python benchmarks/bench_combiners.py
