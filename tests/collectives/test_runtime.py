@@ -491,3 +491,39 @@ def test_data_ptr_reads_a_real_tensor():
 
     t = tvm.runtime.tensor(np.arange(6, dtype="float32"))
     assert tensors.data_ptr(t) == np.from_dlpack(t).ctypes.data
+
+
+def test_native_allreduce_splits_a_count_mpi_cannot_hold(tmp_path: Path) -> None:
+    """MPI counts are ints, and the kernel cast its count to int32: 2^32 + 3 elements reduced 3 and
+    reported success. It now calls MPI once per chunk; built here with 3-element chunks, 10 elements
+    of a view that starts at a byte offset take four calls. Float min and max stay generic (NaN)."""
+    prog = tmp_path / "chunks.py"
+    prog.write_text(
+        "import sys, numpy as np, tvm\n"
+        "from tvm_combiners.collectives.runtime import native, rank\n"
+        "from tvm_combiners.collectives.runtime.comm import mpi\n"
+        "assert native.prepare(), native._unavailable\nnative._CHUNK = 3\n"
+        "kernel = native._build(mpi())['allreduce']\n"
+        "r, out = rank(), {}\n"
+        "for dt in ('int64', 'float32', 'uint8'):\n"
+        "    for op in ('sum', 'max', 'avg') if dt == 'float32' else ('sum', 'max'):\n"
+        "        whole = tvm.runtime.tensor((np.arange(12) * (r + 1)).astype(dt))\n"
+        "        x = whole._create_view((10,), dt, relative_byte_offset=2 * np.dtype(dt).itemsize)\n"
+        "        o = tvm.runtime.tensor(np.zeros(10, dt))\n"
+        "        kernel(x, o, 10, native.DTYPES.index(dt), native.OPS.index(op))\n"
+        "        out[f'{dt}_{op}'] = o.numpy()\n"
+        "np.savez(f'{sys.argv[1]}/rank{r}.npz', **out)\n")
+    assert launch_mod_func(2, ["python", str(prog), str(tmp_path)], timeout=120) == 0
+    xs = [np.arange(2, 12) * (r + 1) for r in range(2)]
+    for r in range(2):
+        got = np.load(tmp_path / f"rank{r}.npz")
+        assert sorted(got.files) == sorted(["int64_sum", "int64_max", "float32_sum", "float32_max", "float32_avg",
+                                            "uint8_sum", "uint8_max"])
+        for name in got.files:
+            dt, op = name.split("_")
+            want = {"sum": xs[0] + xs[1], "max": np.maximum(*xs), "avg": (xs[0] + xs[1]) / 2}[op].astype(dt)
+            np.testing.assert_array_equal(got[name], want, err_msg=f"rank {r} {name}")
+    from tvm_combiners.collectives.runtime import native
+
+    assert native.codes("min", "float32") is None and native.codes("max", "float64") is None
+    assert native.codes("min", "int32") == (2, 2) or not native.ENABLED

@@ -32,6 +32,9 @@ REDUCE = {
 }
 
 
+NAN_DTYPES = ("float16", "float32", "float64")
+
+
 def inputs(rank: int) -> dict[str, np.ndarray]:
     """Rank-dependent inputs: small floats (products stay exact), ints, a (12, 2) and a (2, 12) tensor."""
     base = np.arange(24).reshape(4, 6)
@@ -40,6 +43,10 @@ def inputs(rank: int) -> dict[str, np.ndarray]:
         "i": ((base * (rank + 2)) % 11 - 5).astype("int32"),
         "s": (np.arange(24).reshape(12, 2) + 100 * rank).astype("float32"),
         "t": (np.arange(24).reshape(2, 12) * (rank + 1)).astype("float32"),
+        # a NaN at the rank's own position: min and max must propagate every rank's NaN (MPI's may not)
+        **{f"nan_{dt}": np.where(np.arange(12) == rank, np.nan, np.arange(12) % 5 - rank).astype(dt)
+           for dt in NAN_DTYPES},
+        "big_float16": np.full(12, 40000.0, "float16"),  # the mean fits float16, the sum does not
     }
 
 
@@ -92,7 +99,16 @@ def cases(n: int) -> list[Case]:
                 lambda ins, r, op=op: REDUCE[op]([x["i"] for x in ins]).astype("int32"),
             )
         )
+    for dt in NAN_DTYPES:
+        for op in ("min", "max"):
+            out.append(Case(f"allreduce_nan_{op}_{dt}", lambda C, v, T, op=op, dt=dt: C.allreduce(v[f"nan_{dt}"], op),
+                            lambda ins, r, op=op, dt=dt: REDUCE[op]([x[f"nan_{dt}"] for x in ins])))
     out += [
+        Case("reduce_scatter_nan_max_float32",
+             lambda C, v, T: C.reduce_scatter(v["nan_float32"], "max", 0, world_size=n),
+             lambda ins, r: np.split(REDUCE["max"]([x["nan_float32"] for x in ins]), n)[r]),
+        Case("allreduce_avg_big_float16", lambda C, v, T: C.allreduce(v["big_float16"], "avg"),
+             lambda ins, r: (np.sum([x["big_float16"].astype("float32") for x in ins], axis=0) / n).astype("float16")),
         Case(
             "allreduce_groups_sum",
             lambda C, v, T: C.allreduce(v["f"], "sum", group=g),
@@ -285,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = []
     for name, value in got.items():
         ref = want[name.split("@")[0]]
-        if value.shape != ref.shape or value.dtype != ref.dtype or not np.allclose(value, ref, rtol=1e-6, atol=1e-6):
+        if value.shape != ref.shape or value.dtype != ref.dtype or not np.allclose(value, ref, rtol=1e-6, atol=1e-6, equal_nan=True):
             bad.append(f"{name}: got {value.dtype}{value.shape} {value.ravel()[:6]}, want {ref.dtype}{ref.shape} {ref.ravel()[:6]}")
     if calls != n_allreduce * runs:
         bad.append(f"allreduce ran {calls} times, expected {n_allreduce * runs} (one is unused and must still run)")

@@ -24,10 +24,33 @@ from . import tensors
 from .comm import Group, _routes, group, mpi, route
 
 REDUCTIONS = ("sum", "prod", "min", "max", "avg")
-# dtypes MPI reduces natively; others (bool, bfloat16, ...) are reduced in float32/int64 copies.
+# dtypes MPI reduces natively; others (bool, float16, bfloat16, ...) are reduced in float32/int64
+# copies: float16 summed in float16 overflowed where the mean fits (avg of 40000 on 2 ranks: inf).
 _NATIVE = {np.dtype(n) for n in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-                                 "float16", "float32", "float64")}
+                                 "float32", "float64")}
 _mpi_ops: dict[str, Any] = {}
+_nan_ops: dict[tuple[str, np.dtype], Any] = {}
+
+
+def builtin_reduction(op: str, dtype: np.dtype) -> bool:
+    """Whether MPI's own reduction gives ``op``'s result on ``dtype``: not float min and max, where
+    MPI keeps or drops a NaN depending on which rank's value it sees first (float16 on 2 ranks: two
+    different results of one allreduce); StableHLO's minimum and maximum, like numpy's, propagate it."""
+    return dtype in _NATIVE and (dtype.kind != "f" or op not in ("min", "max"))
+
+
+def _nan_propagating(op: str, dtype: np.dtype) -> Any:
+    """An MPI reduction for float min or max that propagates NaN (numpy's minimum / maximum)."""
+    found = _nan_ops.get((op, dtype))
+    if found is None:
+        fn = np.minimum if op == "min" else np.maximum
+
+        def reduce(inbuf: Any, inoutbuf: Any, _datatype: Any) -> None:
+            acc = np.frombuffer(inoutbuf, dtype)
+            fn(np.frombuffer(inbuf, dtype), acc, out=acc)
+
+        found = _nan_ops[(op, dtype)] = mpi().Op.Create(reduce, commute=True)
+    return found
 
 
 def mpi_op(op: str, name: str) -> Any:
@@ -59,14 +82,17 @@ def _reduce(name: str, comm: Any, op: str, send: np.ndarray, recv: np.ndarray, s
     dtype = recv.dtype
     if op == "avg" and dtype.kind != "f" and "float" not in dtype.name:
         raise ValueError(f"{name}: reduction 'avg' needs a float dtype, got {dtype.name}")
-    if dtype in _NATIVE:
-        (comm.Reduce_scatter_block if block else comm.Allreduce)(send, recv, mop)
+    wide = dtype if dtype in _NATIVE else np.dtype(np.float32 if "float" in dtype.name else np.int64)
+    if not builtin_reduction(op, wide):
+        mop = _nan_propagating(op, wide)
+    call = comm.Reduce_scatter_block if block else comm.Allreduce
+    if wide == dtype:
+        call(send, recv, mop)
         if op == "avg":
             recv /= size
         return
-    wide = np.float32 if "float" in dtype.name else np.int64
     acc = np.empty(recv.shape, wide)
-    (comm.Reduce_scatter_block if block else comm.Allreduce)(np.ascontiguousarray(send, dtype=wide), acc, mop)
+    call(np.ascontiguousarray(send, dtype=wide), acc, mop)
     if op == "avg":
         acc /= size
     recv[...] = acc.astype(dtype) if dtype.kind != "b" else acc != 0
@@ -245,7 +271,7 @@ def allreduce(x: Any, op: str, groups: str, out: Any) -> None:
     if x.__dlpack_device__()[0] == tensors.CPU:
         xv, ov = _view(x), _view(out)
         mop = _mpi_ops.get(op)
-        if mop is not None and op != "avg" and xv.dtype in _NATIVE and xv.shape == ov.shape:
+        if mop is not None and op != "avg" and builtin_reduction(op, xv.dtype) and xv.shape == ov.shape:
             grp.comm.Allreduce(xv, ov, mop)  # the common case, kept short: it is latency-bound
         else:
             allreduce_np(name, grp, xv, op, ov)

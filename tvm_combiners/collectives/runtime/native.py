@@ -20,6 +20,8 @@ import ctypes
 import os
 from typing import Any
 
+import numpy as np
+
 from ..spec import checking_collectives
 from . import tensors
 from .comm import mpi
@@ -31,6 +33,7 @@ DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint6
 _MPI_TYPES = ("INT8_T", "INT16_T", "INT32_T", "INT64_T", "UINT8_T", "UINT16_T", "UINT32_T", "UINT64_T",
               "FLOAT", "DOUBLE")
 _ARR_DATA, _ARR_BYTE_OFFSET = 1, 8  # TVM's struct field kinds of a DLTensor
+_CHUNK = 1 << 30  # elements per MPI_Allreduce call (its count is an int)
 
 #: ``TVM_COMBINERS_NATIVE=0`` (or setting this False before compiling) keeps every allreduce generic; so
 #: does the collectives check (``TVM_COMBINERS_CHECK_COLLECTIVES=1``), which lives in the generic path.
@@ -43,6 +46,8 @@ def codes(op: str, dtype: str) -> tuple[int, int] | None:
     """(op_code, dtype_code) of an allreduce the kernel can run, None otherwise."""
     if not ENABLED or op not in OPS or dtype not in DTYPES or (op == "avg" and not dtype.startswith("float")):
         return None
+    if op in ("min", "max") and dtype.startswith("float"):
+        return None  # MPI_MIN / MPI_MAX may drop a NaN: the generic path propagates it
     return OPS.index(op), DTYPES.index(dtype)
 
 
@@ -63,6 +68,7 @@ def _build(MPI: Any) -> Any:
     comm = MPI._handleof(MPI.COMM_WORLD)
     size = MPI.COMM_WORLD.Get_size()
     types = [MPI._handleof(getattr(MPI, name)) for name in _MPI_TYPES]
+    sizes = [np.dtype(name).itemsize for name in DTYPES]
     ops = [MPI._handleof(getattr(MPI, name)) for name in ("SUM", "PROD", "MIN", "MAX", "SUM")]
 
     def pick(code: Any, handles: list[int]) -> Any:
@@ -77,11 +83,17 @@ def _build(MPI: Any) -> Any:
     def allreduce(x: T.handle, out: T.handle, count: T.int64, dtype_code: T.int32, op_code: T.int32) -> None:
         T.func_attr({"global_symbol": "allreduce"})
         src = T.handle_add_byte_offset(T.tvm_struct_get(x, 0, _ARR_DATA, "handle"),
-                                       T.Cast("int32", T.tvm_struct_get(x, 0, _ARR_BYTE_OFFSET, "int64")))
+                                       T.tvm_struct_get(x, 0, _ARR_BYTE_OFFSET, "int64"))
         dst = T.handle_add_byte_offset(T.tvm_struct_get(out, 0, _ARR_DATA, "handle"),
-                                       T.Cast("int32", T.tvm_struct_get(out, 0, _ARR_BYTE_OFFSET, "int64")))
-        assert T.call_extern("int32", "MPI_Allreduce", src, dst, T.Cast("int32", count), pick(dtype_code, types),
-                             pick(op_code, ops), T.int32(comm)) == 0, "tvm_combiners.allreduce: MPI_Allreduce failed"
+                                       T.tvm_struct_get(out, 0, _ARR_BYTE_OFFSET, "int64"))
+        # MPI counts are ints: more elements than fit one (2^31 - 1; a count cast to int32 reduced
+        # count mod 2^32 elements and reported success) go in several calls
+        for k in range((count + _CHUNK - 1) // _CHUNK):  # (no local variable here: it becomes a buffer)
+            assert T.call_extern("int32", "MPI_Allreduce",
+                                 T.handle_add_byte_offset(src, k * _CHUNK * T.Cast("int64", pick(dtype_code, sizes))),
+                                 T.handle_add_byte_offset(dst, k * _CHUNK * T.Cast("int64", pick(dtype_code, sizes))),
+                                 T.Cast("int32", T.min(count - k * _CHUNK, _CHUNK)), pick(dtype_code, types),
+                                 pick(op_code, ops), T.int32(comm)) == 0, "tvm_combiners.allreduce: MPI_Allreduce failed"
         if op_code == avg:
             if dtype_code == f32:
                 out32 = T.decl_buffer((count,), "float32", data=dst)
