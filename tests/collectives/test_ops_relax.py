@@ -466,6 +466,24 @@ def test_ordering_errors(case, msg):
         C.OrderSendRecv()(mod)
 
 
+@pytest.mark.parametrize("recv_shape, recv_dtype, msg", [
+    ((4,), "int32", "moves shape (?,) float32 but its recv expects shape (4,) int32"),
+    ((8,), "float16", "moves shape (?,) float32 but its recv expects shape (8,) float16"),
+    ((2, 2), "float32", "moves shape (?,) float32 but its recv expects shape (2, 2) float32"),
+])
+def test_a_send_of_symbolic_shape_is_still_checked_against_its_recv(recv_shape, recv_dtype, msg):
+    """A symbolic extent dropped the whole check, dtype and rank with it: 1.5 sent as float32 came out
+    as the int 1069547520 (review). Only the extent itself waits for the run (the recv's byte count)."""
+    n = tvm.tirx.Var("n", "int64")
+    x = tensor((n,))
+    p = [[0, 1]]
+    mod = build(lambda bb, x: [bb.emit(C.send(x, p)), bb.emit(C.recv(recv_shape, recv_dtype, p))], [x])
+    with pytest.raises(SendRecvOrderError, match=re.escape(msg)):
+        C.OrderSendRecv()(mod)
+    fits = build(lambda bb, x: [bb.emit(C.send(x, p)), bb.emit(C.recv((4,), "float32", p))], [x])
+    C.OrderSendRecv()(fits)  # the extent may be 4 at run time: accepted
+
+
 # --------------------------------------------------------------------------- compile
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .spec import CollectiveError, Pairs, encode_pairs, register_error_class
 
@@ -25,20 +26,49 @@ class SendRecvOrderError(CollectiveError):
     """Sends and recvs that no order can run without waiting forever, or that cannot match."""
 
 
+#: (dims, dtype) of a send's or recv's tensor: None for a dim whose extent is symbolic, dims None
+#: where even the rank is unknown, dtype None where unknown.
+Payload = tuple[tuple[int | None, ...] | None, str | None]
+
+
+def payload(dims: Sequence[Any] | None, dtype: str | None) -> Payload:
+    """The payload of a tensor type: static extents as ints, any other extent as None."""
+    return (None if dims is None else tuple(d if isinstance(d, int) else None for d in dims),
+            None if dtype is None else str(dtype))
+
+
+def _differ(a: Payload, b: Payload) -> bool:
+    """Provably different tensors: dtypes, ranks, or an extent both name (a symbolic extent is
+    compared at run time, where the recv checks the byte count it got)."""
+    (da, ta), (db, tb) = a, b
+    if ta is not None and tb is not None and ta != tb:
+        return True
+    if da is None or db is None:
+        return False
+    return len(da) != len(db) or any(x is not None and y is not None and x != y for x, y in zip(da, db))
+
+
+def _describe(p: Payload) -> str:
+    dims, dtype = p
+    extents = ["?" if d is None else str(d) for d in dims or ()]
+    shape = "(?)" if dims is None else f"({extents[0]},)" if len(extents) == 1 else f"({', '.join(extents)})"
+    return f"shape {shape} {dtype or '?'}"
+
+
 @dataclass(frozen=True)
 class OrderNode:
     """One unit of a region, in program order.
 
     ``kind``: "send", "recv", "effect" (an opaque side effect whose order is kept) or "other".
-    ``deps``: indices of earlier units it reads. ``payload``: (shape, dtype) moved by a send or
-    recv, where known (static int shape), for the match check.
+    ``deps``: indices of earlier units it reads. ``payload``: what a send or recv moves, as
+    :func:`payload` gives it, for the match check.
     """
 
     kind: str
     deps: tuple[int, ...] = ()
     channel_id: int | None = None
     pairs: Pairs | None = None
-    payload: tuple[tuple[int, ...], str] | None = None
+    payload: Payload | None = None
     #: Where a send or recv stands among those of its channel (default: its index). Relay, whose
     #: executors pick any topological order, sorts sends by how many recvs of the channel they read.
     seq: tuple[int, ...] | None = None
@@ -93,10 +123,10 @@ def plan_send_recv_order(nodes: Sequence[OrderNode], where: str) -> OrderPlan:
                     "a send and its recv must name the same pairs"
                 )
             a, b = nodes[s].payload, nodes[r].payload
-            if a is not None and b is not None and a != b:
+            if a is not None and b is not None and _differ(a, b):
                 raise SendRecvOrderError(
-                    f"OrderSendRecv: send {_ordinal(k)} of channel_id {channel} in {where} moves shape {a[0]} {a[1]} "
-                    f"but its recv expects shape {b[0]} {b[1]}"
+                    f"OrderSendRecv: send {_ordinal(k)} of channel_id {channel} in {where} moves {_describe(a)} "
+                    f"but its recv expects {_describe(b)}"
                 )
             matches.append((s, r))
 

@@ -30,7 +30,7 @@ from ..core.driver import gc_paused
 from . import spec as S
 from .builders import IRAdapter, make_builders
 from .dependences import UnitAccess, unit_dependences
-from .ordering import OrderNode, OrderPlan, SendRecvOrderError, is_deadlock_free, plan_send_recv_order
+from .ordering import OrderNode, OrderPlan, SendRecvOrderError, is_deadlock_free, payload, plan_send_recv_order
 
 __all__ = [
     "allreduce",
@@ -325,13 +325,6 @@ def dependences(units: Sequence[tuple[Any, bool]]) -> list[set[int]]:
     return unit_dependences([unit_access(u, b) for u, b in units])
 
 
-def _payload(ty: Any) -> tuple[tuple[int, ...], str] | None:
-    dims, dtype = _dims(ty)
-    if dims is None or dtype is None or not all(isinstance(d, int) for d in dims):
-        return None
-    return tuple(dims), dtype
-
-
 def _nested_p2p(value: relax.Expr) -> bool:
     found = [False]
 
@@ -350,10 +343,10 @@ def _order_nodes(units: list[tuple[Any, bool]], where: str) -> list[OrderNode]:
         if not is_block:
             spec = info(unit.value)
             if spec is not None and spec.kind == "send":
-                node = OrderNode("send", node.deps, spec.channel_id, spec.pairs, _payload(_type_of(unit.value.args[0])))
+                node = OrderNode("send", node.deps, spec.channel_id, spec.pairs, payload(*_dims(_type_of(unit.value.args[0]))))
             elif spec is not None and spec.kind == "recv":
                 assert spec.shape is not None and spec.dtype is not None
-                node = OrderNode("recv", node.deps, spec.channel_id, spec.pairs, (spec.shape, spec.dtype))
+                node = OrderNode("recv", node.deps, spec.channel_id, spec.pairs, payload(spec.shape, spec.dtype))
             elif spec is None and relax.analysis.contains_impure_call(unit.value):
                 if not isinstance(unit.value, relax.Call) and _nested_p2p(unit.value):
                     raise SendRecvOrderError(

@@ -34,7 +34,7 @@ from ..core.driver import gc_paused
 from ..relay.shallow_mutator import ShallowExprMutator
 from . import spec as S
 from .builders import IRAdapter, make_builders
-from .ordering import OrderNode, SendRecvOrderError, index_order, plan_send_recv_order
+from .ordering import OrderNode, SendRecvOrderError, index_order, payload, plan_send_recv_order
 
 __all__ = [
     "allreduce",
@@ -359,12 +359,9 @@ def order_nodes(reg: _Region) -> list[OrderNode]:
             channel = int(spec.channel_id or 0)
             seq = (len(seen.get(channel, ())), len(nodes))
             if spec.kind == "send":
-                dims, dtype = _dims(_type_of(e.args[0]))
-                static = dims is not None and all(isinstance(d, int) for d in dims)
-                payload = (tuple(dims), str(dtype)) if static else None
-                nodes.append(OrderNode("send", deps, channel, spec.pairs, payload, seq))
+                nodes.append(OrderNode("send", deps, channel, spec.pairs, payload(*_dims(_type_of(e.args[0]))), seq))
             else:
-                nodes.append(OrderNode("recv", deps, channel, spec.pairs, (spec.shape, spec.dtype), seq))
+                nodes.append(OrderNode("recv", deps, channel, spec.pairs, payload(spec.shape, spec.dtype), seq))
                 seen.setdefault(channel, set()).add(len(nodes) - 1)
         else:
             nodes.append(OrderNode("other", deps))
