@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import re
 
 import numpy as np
@@ -163,8 +162,10 @@ def test_structural_equality_and_hash():
 
 
 def test_registration_is_idempotent():
-    importlib.reload(C)
-    importlib.reload(C)
+    # what a second import runs (reloading the module itself replaced its classes for every later test:
+    # OrderSendRecv then left a module unordered in test_dependences_relax)
+    C._register()
+    C._register()
     ty = ty_of(C.allreduce(tensor((2,))))
     assert [int(d) for d in ty.shape.values] == [2]
     for kind in S.KINDS:
@@ -518,7 +519,8 @@ def test_compiles_with_the_default_pipeline(kind):
         assert f'R.call_packed("tvm_combiners.{name}"' in text or name == "allreduce"
     generic, fast = (text.count(f'R.call_packed("{name}"') for name in ("tvm_combiners.allreduce", native.NAME))
     assert generic + fast == len(S.REDUCTIONS)
-    assert fast == (0 if kind == "cuda" else len(S.REDUCTIONS))  # every allreduce is over all ranks here
+    # every allreduce is over all ranks here; float min and max stay generic (MPI's may drop a NaN)
+    assert fast == (0 if kind == "cuda" else len(set(S.REDUCTIONS) - {"min", "max"}))
 
 
 def test_allreduces_over_all_ranks_on_cpu_call_the_native_kernel(monkeypatch):
