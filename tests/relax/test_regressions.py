@@ -5,7 +5,7 @@ asserts the correct behaviour: op counts and equal outputs against the unoptimiz
 """
 
 import numpy as np
-from helpers import R, assert_same_outputs, make_module, ops, random_inputs
+from helpers import R, assert_same_outputs, make_module, ops, random_inputs, run
 from tvm import relax
 
 from tvm_combiners.relax import CombineParallelMatmul
@@ -35,3 +35,23 @@ def test_layer_norm_inputs_over_the_same_operands_in_another_order_stay_apart():
     assert ops(mod, "matmul") == 3 and ops(new, "matmul") == 2  # only the two equal inputs combine
     assert_same_outputs(mod, new, random_inputs(mod), atol=1e-4)
 
+
+
+def test_wide_constant_weights_keep_their_dtype():
+    """Review (2026-11-24, ONNX models with float64 or int64 weights): the concatenated weight was
+    built with ``relax.const(array)``, which makes float64 float32 and int64 int32 (a dtype error at
+    compile time here; in Relay a silently wrong result). Weights chosen so that 32 bits change them."""
+    for dtype, weights in (("float64", [np.full((6, n), 1 + 1e-12 * n, dtype="float64") for n in (2, 3, 4)]),
+                           ("int64", [np.full((6, n), 2**40 + n, dtype="int64") for n in (2, 3, 4)])):
+        def body(bb, x, weights=weights, dtype=dtype):
+            return [bb.emit(R.add(bb.emit(R.matmul(x, relax.const(w, dtype))),
+                                  relax.const(np.arange(w.shape[1]), dtype))) for w in weights]
+
+        mod = make_module({"x": ((3, 6), dtype)}, body)
+        new = CombineParallelMatmul()(mod)
+        assert ops(mod, "matmul") == 3 and ops(new, "matmul") == 1, dtype
+        x = (np.arange(18).reshape(3, 6) % 5).astype(dtype)
+        want = [x @ w.astype(dtype) + np.arange(w.shape[1]).astype(dtype) for w in weights]
+        for got, ref in zip(run(new, [x]), want):
+            assert got.dtype == ref.dtype
+            np.testing.assert_allclose(got, ref, rtol=1e-14, atol=0, err_msg=dtype)  # 32 bits: 1e-12 off

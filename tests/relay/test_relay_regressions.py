@@ -153,3 +153,21 @@ def test_symbolic_dims_left_where_relay_cannot_type_the_rewrite():
     a_any = relay.var("a", shape=(relay.Any(), 6))
     dynamic = make_module([relay.nn.dense(a_any, w), relay.nn.dense(b, w)], [a_any, b, w])
     assert ops(CombineSharedWeightDense()(dynamic), "nn.dense") == 1
+
+
+def test_wide_constant_weights_keep_their_dtype():
+    """Review (2026-11-24, ONNX models with float64 or int64 weights): the concatenated weight was
+    built with ``relay.const(array)``, which makes float64 float32 and int64 int32: the combined
+    module returned 7.5e-12 for a float64 output of 1.8e-15, and int64 outputs 4.5e13 off, silently."""
+    for dtype, weights in (("float64", [np.full((n, 6), 1 + 1e-12 * n, dtype="float64") for n in (2, 3, 4)]),
+                           ("int64", [np.full((n, 6), 2**40 + n, dtype="int64") for n in (2, 3, 4)])):
+        x = relay.var("x", shape=(3, 6), dtype=dtype)
+        outs = [relay.add(relay.nn.dense(x, relay.const(w, dtype)), relay.const(np.arange(w.shape[0]), dtype))
+                for w in weights]
+        mod = make_module(outs, [x])
+        new = CombineParallelDense()(mod)
+        assert ops(mod, "nn.dense") == 3 and ops(new, "nn.dense") == 1, dtype
+        data = (np.arange(18).reshape(3, 6) % 5).astype(dtype)
+        for got, w in zip(run(new, {"x": data}), weights):
+            assert got.dtype == np.dtype(dtype)
+            np.testing.assert_allclose(got, data @ w.T + np.arange(w.shape[0]), rtol=1e-14, atol=0, err_msg=dtype)

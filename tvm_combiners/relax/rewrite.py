@@ -53,7 +53,7 @@ class RelaxPlanBuilder(FoldingBuilder):
         return constant_array(value) if isinstance(value, Constant) else None
 
     def make_constant(self, array: np.ndarray) -> Any:
-        return relax.const(array)
+        return relax.const(array, dtype=str(array.dtype))  # a bare const turns float64 and int64 into 32 bits
 
     def emit_concat(self, parts: Sequence[Any], axis: int) -> Any:
         return self._emit(relax.op.concat(list(parts), axis=axis))

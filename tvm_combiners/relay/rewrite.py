@@ -40,7 +40,7 @@ class RelayPlanBuilder(FoldingBuilder):
         return array if str(array.dtype) == str(value.data.dtype) else None
 
     def make_constant(self, array: np.ndarray) -> Any:
-        return relay.const(array)
+        return relay.const(array, dtype=str(array.dtype))  # a bare const turns float64 and int64 into 32 bits
 
     def emit_concat(self, parts: Sequence[Any], axis: int) -> Any:
         return relay.concatenate(list(parts), axis=axis)
