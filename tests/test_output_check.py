@@ -116,3 +116,23 @@ def test_onnxruntime_is_timed_on_the_cores_the_process_started_with(monkeypatch)
     loader.time_onnxruntime(None, {}, repeat=2, threads=2)
     assert seen and all(cpus == set(START_CORES) for cpus in seen)
     assert os.sched_getaffinity(0) == before  # TVM's pin is left as TVM set it
+
+
+def test_a_baseline_far_from_onnxruntime_widens_the_check_only_so_far() -> None:
+    """Review: TVM's Relay softmax (opset 11) is 0.85 off onnxruntime; 10x that let random numbers
+    pass as the combined output. The noise allowance stops at NOISE_CAP of the output's scale, and
+    the report says the baseline computes something else."""
+    from tvm_combiners.main_job import NOISE_CAP, reference_disagreement
+
+    rng = np.random.default_rng(0)
+    reference = rng.random((8, 16)).astype(F)
+    reference /= reference.sum(-1, keepdims=True)
+    baseline = np.roll(reference, 1, axis=0)  # a frontend computing something else
+    assert "allowed" in _fails([rng.random((8, 16)).astype(F)], [baseline], [reference])
+    scale = float(np.abs(baseline).max())
+    _check_combined("m.onnx", [baseline + 0.9 * NOISE_CAP * scale], [baseline], [reference])
+    assert "allowed" in _fails([baseline + 1.1 * NOISE_CAP * scale], [baseline], [reference])
+    note = reference_disagreement([np.zeros(2, F), baseline], [np.zeros(2, F), reference])
+    assert note is not None and note.startswith("warning: TVM's baseline differs from onnxruntime by ")
+    assert "on output 1 (scale" in note
+    assert reference_disagreement([reference * (1 + 1e-6)], [reference]) is None
