@@ -11,6 +11,11 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+# TVM's thread pool pins the thread that starts it to one core; in the test process every program a
+# later test starts (the CLI, its MPI ranks) inherited that pin and ran on one core ("2 ranks on 1
+# cores"). The tests of the pin itself pin this thread explicitly.
+os.environ.setdefault("TVM_BIND_THREADS", "0")
+
 settings.register_profile("ci", derandomize=True, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -453,7 +454,7 @@ def test_cuda_dispatch_uses_nccl_on_the_stream_or_stages(monkeypatch: pytest.Mon
     assert len(calls) == 5
 
 
-def test_ranks_are_not_all_pinned_to_the_first_core(tmp_path: Path) -> None:
+def test_ranks_are_not_all_pinned_to_the_first_core(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """TVM's pool pinned each rank's main thread to the pool's first core: every rank on core 0. And a
     launching process whose own pool had started (a test, a benchmark, a job that compiled first)
     handed its pin to every rank."""
@@ -464,9 +465,14 @@ def test_ranks_are_not_all_pinned_to_the_first_core(tmp_path: Path) -> None:
     prog = tmp_path / "affinity.py"
     prog.write_text("import os, sys, tvm\nfrom mpi4py import MPI\ntvm.get_global_func('runtime.NumThreads')()\n"
                     "open(f'{sys.argv[1]}/rank{MPI.COMM_WORLD.Get_rank()}', 'w').write(repr(sorted(os.sched_getaffinity(0))))\n")
-    tvm.get_global_func("runtime.NumThreads")()  # this process's pool: it pins the launching thread
+    monkeypatch.delenv("TVM_BIND_THREADS", raising=False)  # the ranks' pools would pin: launch must say no
+    tvm.get_global_func("runtime.NumThreads")()
     start = sorted(START_CORES)
-    assert launch_mod_func(2, ["python", str(prog), str(tmp_path)], timeout=120) == 0
+    os.sched_setaffinity(0, {start[0]})  # as TVM's pool pins the thread that starts it
+    try:
+        assert launch_mod_func(2, ["python", str(prog), str(tmp_path)], timeout=120) == 0
+    finally:
+        os.sched_setaffinity(0, START_CORES)
     assert [ast.literal_eval((tmp_path / f"rank{r}").read_text()) for r in range(2)] == [start, start]
 
 
