@@ -135,3 +135,42 @@ def test_generated_ids_stay_inside_a_table_read_through_a_cast():
     ids = example_inputs(model, batch=4, seq=64)["ids"]
     assert ids.shape == (4, 64) and ids.dtype == np.int64 and ids.min() >= 0 and ids.max() == 9
     assert run_onnxruntime(model, {"ids": ids})[0].shape == (4, 64, 1, 4)
+
+
+def _two_input_model(dims_a, dims_b, dtype_b=None, perm=None):
+    from onnx import TensorProto, helper
+
+    b_type = dtype_b or TensorProto.FLOAT
+    nodes = [helper.make_node("Cast", ["b"], ["bc"], to=TensorProto.FLOAT),
+             helper.make_node("Transpose", ["bc"], ["bf"], perm=perm) if perm else helper.make_node("Identity", ["bc"], ["bf"]),
+             helper.make_node("Add", ["a", "bf"], ["out"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, dims_a),
+                                           helper.make_tensor_value_info("b", b_type, dims_b)],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_named_dims_get_one_size_wherever_they_stand():
+    """Review: axis 0 was the batch and every later axis the sequence, so b ``[seq_len, batch, 16]``
+    beside a ``[batch, seq_len, 16]`` was fed (1, 8, 16) (a broadcast into another problem) and
+    ``--batch 2`` made onnxruntime reject a valid model."""
+    model = prepare_onnx(_two_input_model(["batch", "seq_len", 16], ["seq_len", "batch", 16], perm=[1, 0, 2]),
+                         batch=2, seq=8)
+    assert {k: v[0] for k, v in input_specs(model).items()} == {"a": [2, 8, 16], "b": [8, 2, 16]}
+    anonymous = prepare_onnx(_two_input_model(["n", "m"], ["m"]), batch=2, seq=8)  # no word: the first place decides
+    assert {k: v[0] for k, v in input_specs(anonymous).items()} == {"a": [2, 8], "b": [8]}
+
+
+def test_bool_inputs_hold_both_values_and_non_tensor_inputs_are_refused(tmp_path):
+    from onnx import TensorProto, helper
+
+    flags = example_inputs(_two_input_model([4, 64], [4, 64], TensorProto.BOOL))["b"]
+    assert flags.dtype == np.bool_ and flags.any() and not flags.all()  # was all True: a Where took one side
+    graph = helper.make_graph([helper.make_node("SequenceAt", ["s", "zero"], ["y"])], "g",
+                              [helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+                              [onnx.numpy_helper.from_array(np.array(0, np.int64), "zero")])
+    path = tmp_path / "seq.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), path)
+    with pytest.raises(ModelError, match="input 's' is a sequence, not a tensor: the job generates tensor inputs only"):
+        prepare_onnx(path)  # was exit 1, 'KeyError: 0 (a bug in tvm-combiners)'

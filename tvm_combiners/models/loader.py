@@ -41,21 +41,43 @@ def default_model_path() -> Path:
     raise FileNotFoundError(f"{DEFAULT_MODEL_FILE} not found in the installed package {DEFAULT_MODEL_PACKAGE!r}")
 
 
-def _fix_input_sizes(model: onnx.ModelProto, batch: int | None, seq: int | None) -> bool:
-    """Give dynamic input axes static sizes: axis 0 is the batch, every later axis the sequence.
+#: Words in a dim's name that say which size it is, whatever axis it sits on.
+_BATCH_WORDS = ("batch",)
+_SEQ_WORDS = ("seq", "len", "token", "position", "time")
 
-    Later axes get ``seq`` as :func:`example_inputs` does (an image's height and width alike), so
-    onnxruntime and TVM see the sizes the inputs will have; Relay cannot allocate unknown sizes.
-    Returns whether any axis was fixed (then an error further on may come from these sizes).
+
+def _dim_size(name: str, axis: int, batch: int | None, seq: int | None, named: dict[str, int | None]) -> int | None:
+    """The size of a dynamic axis: by its name where the name says (``batch_size``, ``seq_len``), the
+    same for every axis of one name, else axis 0 the batch and later axes the sequence."""
+    if name and name in named:
+        return named[name]
+    lname = name.lower()
+    size = (batch if any(w in lname for w in _BATCH_WORDS) else seq if any(w in lname for w in _SEQ_WORDS)
+            else batch if axis == 0 else seq)
+    if name:
+        named[name] = size
+    return size
+
+
+def _fix_input_sizes(model: onnx.ModelProto, batch: int | None, seq: int | None) -> bool:
+    """Give dynamic input axes static sizes (:func:`_dim_size`): an input ``[seq, batch, 16]`` beside
+    ``[batch, seq, 16]`` was fed ``(1, 8, 16)`` and broadcast into another problem.
+
+    Later axes get ``seq`` (an image's height and width alike), so onnxruntime and TVM see the sizes
+    the inputs will have; Relay cannot allocate unknown sizes. Returns whether any axis was fixed
+    (then an error further on may come from these sizes).
     """
     fixed = False
     initializers = {i.name for i in model.graph.initializer}
+    named: dict[str, int | None] = {}
     for inp in model.graph.input:
         if inp.name in initializers:
             continue
         for axis, dim in enumerate(inp.type.tensor_type.shape.dim):
-            size = batch if axis == 0 else seq
-            if size is not None and not dim.HasField("dim_value"):
+            if dim.HasField("dim_value"):
+                continue
+            size = _dim_size(dim.dim_param, axis, batch, seq, named)
+            if size is not None:
                 dim.dim_value = size
                 fixed = True
     return fixed
@@ -211,6 +233,12 @@ def prepare_onnx(model: onnx.ModelProto | str | os.PathLike, batch: int | None =
     limit = position_limit(model)
     if seq is not None and limit is not None and seq > limit[0] and _has_dynamic_sequence(model):
         raise ModelError(name, f"seq {seq} is beyond the model's {limit[0]} positions (position embedding table {limit[1]!r})")
+    initializers = {i.name for i in model.graph.initializer}
+    for inp in model.graph.input:
+        kind = inp.type.WhichOneof("value")
+        if inp.name not in initializers and kind != "tensor_type":
+            raise ModelError(name, f"input {inp.name!r} is a {(kind or 'untyped').replace('_type', '')}, not a tensor: "
+                                   "the job generates tensor inputs only")
     fixed = _fix_input_sizes(model, batch, seq)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
@@ -270,13 +298,16 @@ def example_inputs(model: onnx.ModelProto, batch: int = 1, seq: int = 128, seed:
     for name, (dims, dtype) in input_specs(model).items():
         shape = [d if isinstance(d, int) and d > 0 else (batch if i == 0 else seq) for i, d in enumerate(dims)]
         lname = name.lower()
+        integer = np.issubdtype(np.dtype(dtype), np.integer)
         if "mask" in lname:
             array = np.ones(shape, dtype)
             if array.ndim == 2 and shape[1] > 4:
                 array[:, -shape[1] // 8 :] = 0  # some padding, so the mask matters
-        elif "type" in lname:
+        elif dtype == "bool":  # both values, so that every branch a Where picks is checked
+            array = rng.random(shape) < 0.5
+        elif "type" in lname and integer:  # token type ids
             array = np.zeros(shape, dtype)
-        elif np.issubdtype(np.dtype(dtype), np.integer):
+        elif integer:
             array = rng.integers(0, min(vocab.get(name, 1000), 1000), size=shape).astype(dtype)
         else:
             array = rng.standard_normal(shape).astype(dtype)
