@@ -231,7 +231,7 @@ VALIDATION = [
      "send: channel_id must be an integer in [0, 32767] (MPI's guaranteed tag range), got 40000"),
     (lambda: C.recv((2, -1), "float32", [[0, 1]]), "recv: shape must be a list of integers >= 0, got (2, -1)"),
     (lambda: C.recv((2,), "complex64", [[0, 1]]),
-     "recv: dtype has dtype complex64, which is not supported; expected one of "
+     "recv: dtype complex64 is not supported; expected one of "
      "int8, int16, int32, int64, uint8, uint16, uint32, uint64, float16, float32, float64"),
     (lambda: C.recv((2,), None, [[0, 1]]), "recv: dtype must be a string such as 'float32', got None"),
     (lambda: C.send(X, [[0, 1]], token=NOT_TOKEN),
@@ -599,3 +599,26 @@ def test_a_natively_compiled_module_runs_before_the_kernel_exists_in_this_proces
     assert native._kernel is not None  # built on that first call, registered for VMs created later
     out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(data + 1))
     np.testing.assert_array_equal(out.numpy(), data + 1)
+
+
+@pytest.mark.parametrize("kind, attrs, msg", [
+    ("allreduce", {"op": "foo", "groups": ""}, "allreduce: op 'foo' is not a reduction"),
+    ("allreduce", {"op": "sum", "groups": "0;1,2"}, "allreduce: group sizes differ"),
+    ("allreduce", {"op": "sum", "groups": "a"}, "allreduce: attribute groups 'a' is not in its encoding"),
+    ("allreduce", {"op": "sum"}, "allreduce: attribute 'groups' is missing"),
+    ("allgather", {"axis": 0, "groups": ""}, "allgather: groups is empty (all ranks), and the group size is needed"),
+    ("send", {"source_target_pairs": "0,1;0,1", "channel_id": 0, "is_host_transfer": False},
+     "send: source_target_pairs source 0 appears more than once"),
+    ("send", {"source_target_pairs": "0,1", "channel_id": -5, "is_host_transfer": False}, "send: channel_id must be"),
+    ("recv", {"source_target_pairs": "0,1", "channel_id": 0, "is_host_transfer": False, "shape": [4], "dtype": "bool"},
+     "recv: dtype bool is not supported"),
+])
+def test_attributes_written_by_hand_are_checked_as_the_builders_check_them(kind, attrs, msg):
+    """A call built without our builders (a pass, a parsed module) reached the runtime with ``op="foo"``
+    or unequal groups, or failed with KeyError / a bare assert (review)."""
+    x = tensor((4,))
+    args = [x] if kind in ("allreduce", "allgather") else [x, relax.const(0, "int32")] if kind == "send" \
+        else [relax.const(0, "int32")]
+    call = relax.Call(ir.Op.get(S.relax_op_name(kind)), args, ir.make_node("ir.DictAttrs", **attrs))
+    with pytest.raises(Exception, match=re.escape(msg)):
+        ty_of(call)

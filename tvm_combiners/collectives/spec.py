@@ -124,9 +124,8 @@ def check_reduction(kind: str, op: Any) -> str:
 
 def check_dtype(kind: str, dtype: str, what: str = "x") -> str:
     if dtype not in SUPPORTED_DTYPES:
-        raise CollectiveError(
-            f"{kind}: {what} has dtype {dtype}, which is not supported; expected one of {', '.join(SUPPORTED_DTYPES)}"
-        )
+        subject = f"dtype {dtype} is" if what == "dtype" else f"{what} has dtype {dtype}, which is"
+        raise CollectiveError(f"{kind}: {subject} not supported; expected one of {', '.join(SUPPORTED_DTYPES)}")
     return dtype
 
 
@@ -357,30 +356,33 @@ class CollectiveSpec:
 
     @classmethod
     def from_attrs(cls, kind: str, attrs: Mapping[str, Any] | None) -> CollectiveSpec:
-        """Read back :meth:`attrs` from either IR (values may be TVM strings and IntImms)."""
+        """Read back :meth:`attrs` from either IR (values may be TVM strings and IntImms), checked by
+        the rules the builders apply: a call built by hand or loaded from text reaches the passes and
+        the runtime only with valid attributes (``op="foo"`` failed at run time; unequal groups ran)."""
+        if kind not in KINDS:
+            raise CollectiveError(f"unknown collective op kind {kind!r}; expected one of {', '.join(KINDS)}")
 
-        def get(name: str) -> Any:
-            return attrs[name] if attrs is not None else None
+        def get(name: str, read: Any) -> Any:
+            try:
+                value = attrs[name] if attrs is not None else None
+            except (KeyError, IndexError):
+                value = None
+            if value is None:
+                raise CollectiveError(f"{kind}: attribute {name!r} is missing")
+            try:
+                return read(value)
+            except (TypeError, ValueError):
+                raise CollectiveError(f"{kind}: attribute {name} {value!r} is not a {read.__name__}") from None
 
         if kind in COLLECTIVE_KINDS:
-            return cls(
-                kind=kind,
-                op=str(get("op")) if kind != "allgather" else None,
-                axis=int(get("axis")) if kind != "allreduce" else None,
-                groups=decode_groups(str(get("groups"))),
-            )
+            return _collective_spec(kind, get("op", str) if kind != "allgather" else None,
+                                    get("axis", int) if kind != "allreduce" else None, get("groups", str))
         if kind in P2P_KINDS:
-            return cls(
-                kind=kind,
-                pairs=decode_pairs(str(get("source_target_pairs"))),
-                channel_id=int(get("channel_id")),
-                is_host_transfer=bool(int(get("is_host_transfer"))),
-                shape=tuple(int(d) for d in get("shape")) if kind == "recv" else None,
-                dtype=str(get("dtype")) if kind == "recv" else None,
-            )
-        if kind == "after_all":
-            return cls(kind=kind)
-        raise CollectiveError(f"unknown collective op kind {kind!r}; expected one of {', '.join(KINDS)}")
+            recv = kind == "recv"
+            return _p2p_spec(kind, get("source_target_pairs", str), get("channel_id", int),
+                             get("is_host_transfer", int), get("shape", _int_tuple) if recv else None,
+                             get("dtype", str) if recv else None)
+        return cls(kind=kind)
 
     def key(self) -> tuple:
         """Everything but the operand that must agree for two ops to be combined."""
@@ -477,7 +479,9 @@ def infer_type(spec: CollectiveSpec, shape: Sequence[Any] | None, dtype: str | N
         check_dtype(kind, dtype)
     axis = check_axis(kind, spec.axis, len(shape))
     n = spec.group_size
-    assert n is not None
+    if n is None:  # the builders refuse this; a hand-written call reaches it
+        raise CollectiveError(f"{kind}: groups is empty (all ranks), and the group size is needed to infer the "
+                              "result's shape; name the ranks ('0,1') or build the op with world_size")
     extent = shape[axis]
     role = "gathered" if kind == "allgather" else "scattered"
     if not _is_int(extent):
@@ -491,3 +495,37 @@ def infer_type(spec: CollectiveSpec, shape: Sequence[Any] | None, dtype: str | N
     out = list(shape)
     out[axis] = new
     return tuple(out), dtype
+
+
+def _int_tuple(values: Any) -> tuple[int, ...]:
+    return tuple(int(v) for v in values)
+
+
+def _decoded(kind: str, name: str, text: str, decode: Any) -> Any:
+    try:
+        return decode(text)
+    except ValueError:
+        raise CollectiveError(f"{kind}: attribute {name} {text!r} is not in its encoding ('0,1;2,3')") from None
+
+
+@functools.lru_cache(maxsize=4096)
+def _collective_spec(kind: str, op: str | None, axis: int | None, groups: str) -> CollectiveSpec:
+    if op is not None:
+        check_reduction(kind, op)
+    decoded = _decoded(kind, "groups", groups, decode_groups)
+    if decoded is not None:
+        check_groups(kind, [list(g) for g in decoded])
+    return CollectiveSpec(kind=kind, op=op, axis=axis, groups=decoded)
+
+
+@functools.lru_cache(maxsize=4096)
+def _p2p_spec(kind: str, pairs: str, channel_id: int, host: int, shape: tuple[int, ...] | None,
+              dtype: str | None) -> CollectiveSpec:
+    decoded = check_pairs(kind, [list(p) for p in _decoded(kind, "source_target_pairs", pairs, decode_pairs)])
+    check_channel_id(kind, channel_id)
+    if shape is not None:
+        check_recv_shape(list(shape))
+    if dtype is not None:
+        check_dtype(kind, dtype, "dtype")
+    return CollectiveSpec(kind=kind, pairs=decoded, channel_id=channel_id, is_host_transfer=bool(host),
+                          shape=shape, dtype=dtype)
