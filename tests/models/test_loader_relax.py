@@ -174,3 +174,25 @@ def test_bool_inputs_hold_both_values_and_non_tensor_inputs_are_refused(tmp_path
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), path)
     with pytest.raises(ModelError, match="input 's' is a sequence, not a tensor: the job generates tensor inputs only"):
         prepare_onnx(path)  # was exit 1, 'KeyError: 0 (a bug in tvm-combiners)'
+
+
+def test_ids_gathered_along_another_axis_stay_inside_that_axis():
+    """Review: the bound came from the table's first dim whatever the Gather's axis (850 in a 5-wide axis)."""
+    from onnx import TensorProto, helper
+
+    table = helper.make_tensor("table", TensorProto.FLOAT, [300, 5], np.arange(1500, dtype=np.float32))
+    graph = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["out"], axis=1)], "g",
+                              [helper.make_tensor_value_info("ids", TensorProto.INT64, ["b", "s"])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)], [table])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    ids = example_inputs(model, batch=2, seq=64)["ids"]
+    assert ids.min() >= 0 and ids.max() == 4
+    assert run_onnxruntime(model, {"ids": ids})[0].shape == (300, 2, 64)
+
+
+def test_onnxruntime_messages_keep_the_line_that_says_what():
+    from tvm_combiners.models.loader import first_line
+
+    err = RuntimeError("[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Got invalid dimensions for input: x for the "
+                       "following indices\n index: 1 Got: 8 Expected: 0\n Please fix either the inputs/outputs or the model.")
+    assert first_line(err) == "Got invalid dimensions for input: x for the following indices index: 1 Got: 8 Expected: 0"

@@ -114,6 +114,8 @@ def first_line(err: BaseException) -> str:
     line = lines[0] if lines else type(err).__name__
     if line.startswith("==>") and len(lines) > 1:
         line = lines[1]
+    elif line.endswith((":", "indices")) and len(lines) > 1:  # onnxruntime goes on: "index: 0 Got: 8 Expected: 0"
+        line = f"{line} {lines[1]}"
     line = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", line)
     line = re.sub(r"^Load model from .*? failed:", "", line)
     line = re.sub(r"^\S+\.(?:cc|cpp|h):\d+ (?:[\w:<>~]+\([^)]*\)(?: const)? )?", "", line)
@@ -278,15 +280,18 @@ _INDEX_PRESERVING = {"Cast", "Identity", "Reshape", "Unsqueeze", "Squeeze", "Fla
 def _index_bounds(model: onnx.ModelProto) -> dict[str, int]:
     """Graph input -> the rows of the smallest embedding table it indexes (through casts and reshapes),
     so generated ids stay in range (ids beyond a table made onnxruntime fail the reference run)."""
-    tables = {i.name: i.dims[0] for i in model.graph.initializer if len(i.dims) == 2}
+    tables = {i.name: list(i.dims) for i in model.graph.initializer if len(i.dims) >= 1}
     origin = {i.name: i.name for i in model.graph.input}
     bounds: dict[str, int] = {}
     for n in model.graph.node:  # topologically sorted, as ONNX requires
         if n.op_type in _INDEX_PRESERVING and n.input and n.input[0] in origin:
             origin[n.output[0]] = origin[n.input[0]]
         elif n.op_type == "Gather" and len(n.input) > 1 and n.input[0] in tables and n.input[1] in origin:
-            source = origin[n.input[1]]
-            bounds[source] = min(bounds.get(source, tables[n.input[0]]), tables[n.input[0]])
+            dims = tables[n.input[0]]
+            axis = next((a.i for a in n.attribute if a.name == "axis"), 0)
+            if -len(dims) <= axis < len(dims):  # the rows of the axis it gathers (was always axis 0)
+                source = origin[n.input[1]]
+                bounds[source] = min(bounds.get(source, dims[axis]), dims[axis])
     return bounds
 
 
@@ -339,6 +344,7 @@ def _ort_session(model: onnx.ModelProto, threads: int | None = None) -> Any:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
+    options.log_severity_level = 4  # its failures reach the user as our one line, not also as a red log line
     if threads is not None:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
