@@ -91,6 +91,10 @@ def test_the_header_shows_the_sizes_the_modules_ran_on() -> None:
     no_seq = JobReport("m.onnx", "relax", "llvm", 3, 5, inputs={"x": [3, 16]})
     assert no_seq.sizes() == "inputs x (3, 16) (--seq 5 does not apply: the model fixes these sizes)"
     assert static.to_dict()["inputs"] == {"x": [1, 8]}
+    image = JobReport("m.onnx", "relax", "llvm", 1, 10, inputs={"img": [1, 3, 10, 10]})  # --seq set h and w
+    assert image.sizes() == "batch 1  seq 10"  # said "--seq 10 does not apply" (review)
+    swapped = JobReport("m.onnx", "relax", "llvm", 2, 8, inputs={"b_t": [8, 2, 16]})  # named dims
+    assert swapped.sizes() == "batch 2  seq 8"
 
 
 def test_onnxruntime_is_timed_on_the_cores_the_process_started_with(monkeypatch) -> None:

@@ -83,8 +83,10 @@ class JobReport:
     def sizes(self) -> str:
         """``batch B  seq S``; the input shapes instead where the model fixed a size that --batch/--seq asked otherwise."""
         shapes = list(self.inputs.values())
-        unused = [f"--{name} {size}" for name, size, axis in (("batch", self.batch, 0), ("seq", self.seq, 1))
-                  if shapes and not any(shape[axis:axis + 1] == [size] for shape in shapes)]
+        # a size applied wherever it stands (a named dim may put the batch on axis 1, --seq sets an
+        # image's height and width): it does not apply only where no input has it at all
+        unused = [f"--{name} {size}" for name, size in (("batch", self.batch), ("seq", self.seq))
+                  if shapes and not any(size in shape for shape in shapes)]
         if not unused:
             return f"batch {self.batch}  seq {self.seq}"
         listed = ", ".join(f"{name} {tuple(shape)}" for name, shape in self.inputs.items())
