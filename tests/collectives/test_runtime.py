@@ -533,3 +533,27 @@ def test_native_allreduce_splits_a_count_mpi_cannot_hold(tmp_path: Path) -> None
 
     assert native.codes("min", "float32") is None and native.codes("max", "float64") is None
     assert native.codes("min", "int32") == (2, 2) or not native.ENABLED
+
+
+def test_float_min_and_max_give_every_rank_the_same_bits(tmp_path: Path) -> None:
+    """-0.0 and 0.0 compare equal: with the NaN-propagating reduction declared commutative, each rank
+    kept its own (rank 0 [-0, 0], rank 1 [0, -0]: 1/x was -inf on one replica, +inf on the other)."""
+    prog = tmp_path / "zeros.py"
+    prog.write_text(
+        "import sys, numpy as np\n"
+        "from tvm_combiners.collectives.runtime import rank\n"
+        "from tvm_combiners.collectives.runtime.comm import group\n"
+        "from tvm_combiners.collectives.runtime.functions import allreduce_np\n"
+        "r, out = rank(), {}\n"
+        "x = np.array([-0.0, 0.0, np.nan, 1.0] if rank() == 0 else [0.0, -0.0, 2.0, -np.nan])\n"
+        "for dt in ('float16', 'float32', 'float64'):\n"
+        "    for op in ('min', 'max'):\n"
+        "        o = np.empty(4, dt)\n"
+        "        allreduce_np('t', group('', 't'), x.astype(dt), op, o)\n"
+        "        out[f'{dt}_{op}'] = o\n"
+        "np.savez(f'{sys.argv[1]}/rank{r}.npz', **out)\n")
+    assert launch_mod_func(2, ["python", str(prog), str(tmp_path)], timeout=120) == 0
+    got = [np.load(tmp_path / f"rank{r}.npz") for r in range(2)]
+    for name in got[0].files:
+        assert got[0][name].tobytes() == got[1][name].tobytes(), name
+        assert np.isnan(got[0][name][2]) and np.isnan(got[0][name][3]), name  # NaN from either rank

@@ -202,3 +202,14 @@ def test_onnxruntime_messages_keep_the_line_that_says_what():
     err = RuntimeError("[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Got invalid dimensions for input: x for the "
                        "following indices\n index: 1 Got: 8 Expected: 0\n Please fix either the inputs/outputs or the model.")
     assert first_line(err) == "Got invalid dimensions for input: x for the following indices index: 1 Got: 8 Expected: 0"
+
+
+def test_torch_named_axes_are_not_read_by_their_inputs_name():
+    """torch names the axes of ``token_type_ids`` ``token_type_ids_dynamic_axes_1`` and ``_2``: "token"
+    in the input's own name made the batch axis the sequence ((8, 8) beside input_ids (1, 8); review)."""
+    model = _two_input_model(["input_ids_dynamic_axes_1", "input_ids_dynamic_axes_2"],
+                             ["b_position_ids_dynamic_axes_1", "b_position_ids_dynamic_axes_2"])
+    model.graph.input[1].name = "b_position_ids"
+    model.graph.node[0].input[0] = "b_position_ids"
+    prepared = prepare_onnx(model, batch=2, seq=8)
+    assert {k: v[0] for k, v in input_specs(prepared).items()} == {"a": [2, 8], "b_position_ids": [2, 8]}

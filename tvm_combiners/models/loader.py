@@ -46,12 +46,18 @@ _BATCH_WORDS = ("batch",)
 _SEQ_WORDS = ("seq", "len", "token", "position", "time")
 
 
-def _dim_size(name: str, axis: int, batch: int | None, seq: int | None, named: dict[str, int | None]) -> int | None:
+def _dim_size(name: str, axis: int, batch: int | None, seq: int | None, named: dict[str, int | None],
+              owner: str = "") -> int | None:
     """The size of a dynamic axis: by its name where the name says (``batch_size``, ``seq_len``), the
-    same for every axis of one name, else axis 0 the batch and later axes the sequence."""
+    same for every axis of one name, else axis 0 the batch and later axes the sequence. The input's
+    own name says nothing: torch names the axes of ``token_type_ids`` ``token_type_ids_dynamic_axes_1``
+    and ``_2``, and "token" made its batch axis the sequence."""
     if name and name in named:
         return named[name]
     lname = name.lower()
+    if owner and lname.startswith(owner.lower()):
+        lname = lname[len(owner):]
+    lname = re.sub(r"_?dynamic_axes_\d+$", "", lname)
     size = (batch if any(w in lname for w in _BATCH_WORDS) else seq if any(w in lname for w in _SEQ_WORDS)
             else batch if axis == 0 else seq)
     if name:
@@ -76,7 +82,7 @@ def _fix_input_sizes(model: onnx.ModelProto, batch: int | None, seq: int | None)
         for axis, dim in enumerate(inp.type.tensor_type.shape.dim):
             if dim.HasField("dim_value"):
                 continue
-            size = _dim_size(dim.dim_param, axis, batch, seq, named)
+            size = _dim_size(dim.dim_param, axis, batch, seq, named, inp.name)
             if size is not None:
                 dim.dim_value = size
                 fixed = True

@@ -49,7 +49,9 @@ def _nan_propagating(op: str, dtype: np.dtype) -> Any:
             acc = np.frombuffer(inoutbuf, dtype)
             fn(np.frombuffer(inbuf, dtype), acc, out=acc)
 
-        found = _nan_ops[(op, dtype)] = mpi().Op.Create(reduce, commute=True)
+        # not commutative: MPI then applies it in rank order on every rank; as commutative, each rank
+        # kept its own of two values that compare equal (-0.0 and 0.0): different bits per rank
+        found = _nan_ops[(op, dtype)] = mpi().Op.Create(reduce, commute=False)
     return found
 
 
