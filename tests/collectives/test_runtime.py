@@ -176,7 +176,7 @@ def test_ranks_that_disagree_on_a_symbolic_shape_all_raise(tmp_path: Path) -> No
 @pytest.mark.parametrize("check", [False, True])
 def test_ranks_calling_different_collectives_are_caught_when_asked(check: bool, tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """Sum on rank 0, max on rank 1: MPI returns a value on both; TVM_COMBINERS_CHECK_COLLECTIVES names the calls."""
+    """Sum on rank 0, prod on rank 1: MPI returns a value on both; TVM_COMBINERS_CHECK_COLLECTIVES names the calls."""
     monkeypatch.setenv("TVM_COMBINERS_CHECK_COLLECTIVES", "1" if check else "0")
     proc = _run(2, "mismatch", tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -186,7 +186,7 @@ def test_ranks_calling_different_collectives_are_caught_when_asked(check: bool, 
     for rank in range(2):
         error = json.loads((tmp_path / f"rank{rank}.json").read_text())["error"]
         assert error == ("tvm_combiners.allreduce: the ranks of the group call different collectives here "
-                         "(rank 0: allreduce sum of (3,) float32; rank 1: allreduce max of (3,) float32): every rank "
+                         "(rank 0: allreduce sum of (3,) float32; rank 1: allreduce prod of (3,) float32): every rank "
                          "must call the same collectives in the same order (modules whose compute differs per rank "
                          "may combine differently: combine one module for every rank)")
 

@@ -7,7 +7,7 @@ wait in a recv), ``hang`` (rank 1 sleeps while the others wait in a barrier; ``s
 ``segfault``: rank 1 dies instead; ``os_exit`` and ``sys_exit``: rank 1 leaves with code 0 instead,
 ``fork_os_exit`` too after rank 0 ran a forked worker, which leaves through ``os._exit``;
 ``all_os_exit``: every rank leaves with ``os._exit(0)`` after the barrier), ``mismatch`` (rank 1
-reduces with max where the others sum), ``shapes``
+multiplies where the others sum), ``shapes``
 (compiled collectives of a symbolic extent, given equal and then rank-dependent shapes).
 """
 
@@ -123,10 +123,11 @@ def main() -> None:
     if mode == "shapes":
         shapes(out_dir, n, me)
         return
-    if mode == "mismatch":  # rank 1 reduces with max where the others sum: MPI takes it, silently
+    if mode == "mismatch":  # rank 1 multiplies where the others sum: MPI takes it, silently (float max
+        # is a user op since 2026-11-24, and MPICH aborts on one mixed with its own SUM: not silent)
         out = empty((3,), "float32")
         try:
-            fn["allreduce"](tensor(data(me, (3,), "float32", 1)), "max" if me == 1 else "sum", "", out)
+            fn["allreduce"](tensor(data(me, (3,), "float32", 1)), "prod" if me == 1 else "sum", "", out)
         except Exception as err:  # noqa: BLE001 - the message is what the test checks
             (out_dir / f"rank{me}.json").write_text(json.dumps({"error": str(err)}))
             return
