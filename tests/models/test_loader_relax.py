@@ -213,3 +213,23 @@ def test_torch_named_axes_are_not_read_by_their_inputs_name():
     model.graph.node[0].input[0] = "b_position_ids"
     prepared = prepare_onnx(model, batch=2, seq=8)
     assert {k: v[0] for k, v in input_specs(prepared).items()} == {"a": [2, 8], "b_position_ids": [2, 8]}
+
+
+def test_a_fixed_zero_dim_is_fed_zero_and_the_job_runs(tmp_path, capsys):
+    """A fixed 0 dim was fed ``--seq`` (onnxruntime then refused the model); fed its 0, the
+    combiners crashed (exit 1: a Reshape of [1, 1, 0, 16] to [1, 1, 16]). Now both run."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tvm_combiners.cli import main
+
+    weights = [numpy_helper.from_array(np.ones((16, 16), np.float32) * k, f"w{k}") for k in (1, 2)]
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", f"w{k}"], [f"y{k}"]) for k in (1, 2)], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 0, 16])],
+                              [helper.make_tensor_value_info(f"y{k}", TensorProto.FLOAT, [1, 0, 16]) for k in (1, 2)],
+                              weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    assert example_inputs(model)["x"].shape == (1, 0, 16)
+    onnx.save(model, tmp_path / "zero.onnx")
+    assert main(["run", str(tmp_path / "zero.onnx"), "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "inputs x (1, 0, 16)" in out and "combined groups: 0" in out

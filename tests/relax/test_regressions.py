@@ -55,3 +55,20 @@ def test_wide_constant_weights_keep_their_dtype():
         for got, ref in zip(run(new, [x]), want):
             assert got.dtype == ref.dtype
             np.testing.assert_allclose(got, ref, rtol=1e-14, atol=0, err_msg=dtype)  # 32 bits: 1e-12 off
+
+
+def test_zero_size_ops_are_left_alone():
+    """An ONNX model with a fixed 0 dim crashed ``to_batch`` (2026-11-24): the stacked plan reshapes
+    each branch's slice to the branch's shape, and Relax's reshape reads a 0 there as "keep this
+    axis", so [1, 1, 0, 16] was asked to become [1, 1, 16]. Zero-size ops have nothing to combine."""
+    from tvm_combiners.relax import CombineParallelOps
+
+    for shape, k in (((1, 0, 16), 16), ((0, 16), 16), ((2, 3, 0), 0)):
+        def body(bb, x, k=k):
+            return [bb.emit(R.nn.relu(bb.emit(R.matmul(x, _const((k, 16), seed))))) for seed in (1, 2)]
+
+        mod = make_module({"x": (shape, F32)}, body)
+        for to_batch in (False, True):
+            new = CombineParallelOps(to_batch=to_batch)(mod)
+            assert ops(new, "matmul") == 2, (shape, to_batch)
+            assert_same_outputs(mod, new, random_inputs(mod))

@@ -171,3 +171,14 @@ def test_wide_constant_weights_keep_their_dtype():
         for got, w in zip(run(new, {"x": data}), weights):
             assert got.dtype == np.dtype(dtype)
             np.testing.assert_allclose(got, data @ w.T + np.arange(w.shape[0]), rtol=1e-14, atol=0, err_msg=dtype)
+
+
+def test_zero_size_ops_are_left_alone():
+    """A fixed 0 dim (2026-11-24): a stacked plan reshapes each branch's slice to the branch's shape,
+    and Relay's reshape reads a 0 there as "keep this axis". TVM 0.16 cannot compile a zero-size
+    dense (divide by zero), so the graph is only typed: the pass must leave it as it is."""
+    for shape, k in (((0, 16), 16), ((3, 0), 0)):
+        x = relay.var("x", shape=shape)
+        mod = make_module([relay.nn.relu(relay.nn.dense(x, const((16, k), seed))) for seed in (1, 2)], [x])
+        for to_batch in (False, True):
+            assert unchanged(mod, CombineParallelOps(to_batch=to_batch)(mod)), (shape, to_batch)

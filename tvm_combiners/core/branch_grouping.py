@@ -156,7 +156,7 @@ class _Planner:
         weight_buckets: dict[tuple, list[int]] = {}
         for node in self.graph.nodes:
             info = node.root
-            if info is None:
+            if info is None or any(self.graph[n].empty for n in (node.index, *node.operands)):
                 continue
             if info.family in self.weight_families and set(node.deps) == set(node.operands):
                 key = self._weight_bucket(node)

@@ -94,6 +94,12 @@ class Node:
             return None
         return -(-math.prod(self.shape) * self.bits // 8)  # sub-byte dtypes pack: round up once
 
+    @property
+    def empty(self) -> bool:
+        """A static extent is 0. Such a tensor is never combined: there is nothing to compute, and
+        both IRs' reshape read a 0 in the new shape as "keep this axis's extent"."""
+        return self.shape is not None and any(isinstance(d, int) and d == 0 for d in self.shape)
+
 
 def parse_dtype_bits(dtype: str) -> int:
     """Bits per element of a dtype string (``float32``, ``int8x4``, ``float8_e4m3fn``, ``bool``).

@@ -310,7 +310,7 @@ def example_inputs(model: onnx.ModelProto, batch: int = 1, seq: int = 128, seed:
     vocab = _index_bounds(model)
     arrays = {}
     for name, (dims, dtype) in input_specs(model).items():
-        shape = [d if isinstance(d, int) and d > 0 else (batch if i == 0 else seq) for i, d in enumerate(dims)]
+        shape = [d if isinstance(d, int) and d >= 0 else (batch if i == 0 else seq) for i, d in enumerate(dims)]
         lname = name.lower()
         integer = np.issubdtype(np.dtype(dtype), np.integer)
         if "mask" in lname:
