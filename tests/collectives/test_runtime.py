@@ -176,19 +176,27 @@ def test_ranks_that_disagree_on_a_symbolic_shape_all_raise(tmp_path: Path) -> No
 @pytest.mark.parametrize("check", [False, True])
 def test_ranks_calling_different_collectives_are_caught_when_asked(check: bool, tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """Sum on rank 0, prod on rank 1: MPI returns a value on both; TVM_COMBINERS_CHECK_COLLECTIVES names the calls."""
+    """Sum on rank 0, prod on rank 1: MPI returns a value on both; a send of (4, 2) lands in a recv of
+    (2, 4) (the same bytes). TVM_COMBINERS_CHECK_COLLECTIVES names the calls and the shapes."""
     monkeypatch.setenv("TVM_COMBINERS_CHECK_COLLECTIVES", "1" if check else "0")
     proc = _run(2, "mismatch", tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    if not check:  # the silent case the check exists for: no error on either rank
+    sent = prog.data(0, (4, 2), "float32", 2)
+    if not check:  # the silent cases the check exists for: no error on either rank
         assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.npz", "rank1.npz"]
+        np.testing.assert_array_equal(np.load(tmp_path / "rank1.npz")["p2p"], sent.reshape(2, 4))
         return
     for rank in range(2):
-        error = json.loads((tmp_path / f"rank{rank}.json").read_text())["error"]
-        assert error == ("tvm_combiners.allreduce: the ranks of the group call different collectives here "
-                         "(rank 0: allreduce sum of (3,) float32; rank 1: allreduce prod of (3,) float32): every rank "
-                         "must call the same collectives in the same order (modules whose compute differs per rank "
-                         "may combine differently: combine one module for every rank)")
+        errors = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert errors.pop("out") == (
+            "tvm_combiners.allreduce: the ranks of the group call different collectives here "
+            "(rank 0: allreduce sum of (3,) float32; rank 1: allreduce prod of (3,) float32): every rank "
+            "must call the same collectives in the same order (modules whose compute differs per rank "
+            "may combine differently: combine one module for every rank)")
+        assert errors == ({} if rank == 0 else {
+            "p2p": "tvm_combiners.recv: channel 5 from rank 0 sent (4, 2) float32, but the recv expects (2, 4) "
+                   "float32: the send's shape or dtype differs from the recv's"})
+    np.testing.assert_array_equal(np.load(tmp_path / "rank0.npz")["p2p"], np.zeros((2, 4)))  # no target: zeros
 
 
 def test_hung_rank_is_killed_by_the_timeout(tmp_path: Path) -> None:

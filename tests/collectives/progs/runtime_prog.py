@@ -7,7 +7,7 @@ wait in a recv), ``hang`` (rank 1 sleeps while the others wait in a barrier; ``s
 ``segfault``: rank 1 dies instead; ``os_exit`` and ``sys_exit``: rank 1 leaves with code 0 instead,
 ``fork_os_exit`` too after rank 0 ran a forked worker, which leaves through ``os._exit``;
 ``all_os_exit``: every rank leaves with ``os._exit(0)`` after the barrier), ``mismatch`` (rank 1
-multiplies where the others sum), ``shapes``
+multiplies where the others sum; a send of (4, 2) into a recv of (2, 4)), ``shapes``
 (compiled collectives of a symbolic extent, given equal and then rank-dependent shapes).
 """
 
@@ -124,14 +124,23 @@ def main() -> None:
         shapes(out_dir, n, me)
         return
     if mode == "mismatch":  # rank 1 multiplies where the others sum: MPI takes it, silently (float max
-        # is a user op since 2026-11-24, and MPICH aborts on one mixed with its own SUM: not silent)
-        out = empty((3,), "float32")
-        try:
-            fn["allreduce"](tensor(data(me, (3,), "float32", 1)), "prod" if me == 1 else "sum", "", out)
-        except Exception as err:  # noqa: BLE001 - the message is what the test checks
-            (out_dir / f"rank{me}.json").write_text(json.dumps({"error": str(err)}))
-            return
-        np.savez(out_dir / f"rank{me}.npz", out=out.numpy())
+        # is a user op since 2026-11-24, and MPICH aborts on one mixed with its own SUM: not silent);
+        # then a send of (4, 2) meets a recv of (2, 4): the same bytes, so MPI takes that too
+        got, errors = {}, {}
+        calls = {"out": lambda out: fn["allreduce"](tensor(data(me, (3,), "float32", 1)), "prod" if me == 1 else "sum",
+                                                    "", out),
+                 "p2p": lambda out: (fn["send"](tensor(data(me, (4, 2), "float32", 2)), "0,1", 5, 0, empty((), "int32")),
+                                     fn["recv"]("0,1", 5, 0, out))}
+        for key, call in calls.items():
+            out = empty((3,) if key == "out" else (2, 4), "float32")
+            try:
+                call(out)
+                got[key] = out.numpy()
+            except Exception as err:  # noqa: BLE001 - the message is what the test checks
+                errors[key] = str(err)
+        np.savez(out_dir / f"rank{me}.npz", **got)
+        if errors:
+            (out_dir / f"rank{me}.json").write_text(json.dumps(errors))
         return
     if mode == "cuda":  # needs a GPU: NCCL, or host-staged MPI where ranks share one GPU
         dev = tvm.cuda(0)

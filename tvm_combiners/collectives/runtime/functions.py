@@ -152,6 +152,32 @@ def scatter_np(name: str, grp: Group, x: np.ndarray, out: np.ndarray) -> None:
 # A send copies its payload and posts an Isend: it never waits for the receiver, so no order of sends
 # and recvs in the program can deadlock on a send.  Finished sends are dropped on every later call;
 # whatever is left is completed at exit (bounded, so a recv that never comes fails the job loudly).
+#: ``TVM_COMBINERS_CHECK_COLLECTIVES=1``: every collective first checks that its whole group calls the
+#: same one, and every recv that its send sent the shape and dtype it expects.
+_CHECK = checking_collectives()
+_CALL_BYTES = 96  # how much of each rank's description a mismatch report shows
+
+
+def _payload_text(x: Any) -> str:
+    return f"{tuple(int(d) for d in x.shape)} {x.dtype}"
+
+
+def _describe(x: Any, detail: str) -> str:
+    return f"{detail} of {_payload_text(x)}"
+
+
+def _text_row(text: str) -> np.ndarray:
+    """``text`` as a fixed-size row of bytes, cut to ``_CALL_BYTES``, for a message of known size."""
+    row = np.zeros(_CALL_BYTES, np.uint8)
+    raw = text.encode()[:_CALL_BYTES]
+    row[:len(raw)] = np.frombuffer(raw, np.uint8)
+    return row
+
+
+def _row_text(row: np.ndarray) -> str:
+    return bytes(row).rstrip(bytes(1)).decode(errors="replace")
+
+
 _pending: list[tuple[Any, np.ndarray, int, int]] = []  # (request, payload, channel, target)
 _drain_registered = False
 _status: list[Any] = []  # one reused MPI.Status (the runtime is single-threaded)
@@ -188,11 +214,32 @@ def send_np(name: str, pairs: str, channel_id: int, payload: np.ndarray) -> None
     if peer.target is None:
         return
     MPI = mpi()
-    request = MPI.COMM_WORLD.Isend([payload, MPI.BYTE], peer.target, _comm.tag(channel_id))
+    tag = _comm.tag(channel_id)
+    if _CHECK:  # the payload is bytes to MPI: say its shape first (messages of one tag keep their order)
+        header = _text_row(_payload_text(payload))
+        _pending.append((MPI.COMM_WORLD.Isend([header, MPI.BYTE], peer.target, tag), header, channel_id, peer.target))
+    request = MPI.COMM_WORLD.Isend([payload, MPI.BYTE], peer.target, tag)
     _pending.append((request, payload, channel_id, peer.target))
     if not _drain_registered:
         atexit.register(drain_sends)
         _drain_registered = True
+
+
+def _check_header(name: str, channel_id: int, source: int, tag: int, out: np.ndarray) -> None:
+    """Check mode: compare what the send says it sent with ``out``. The byte count alone lets a send
+    of symbolic shape ``(n, m)`` = (4, 2) land in a (2, 4) recv. On a mismatch the payload is still
+    received (into scratch), so that the sender is not left waiting."""
+    MPI = mpi()
+    header = np.empty(_CALL_BYTES, np.uint8)
+    MPI.COMM_WORLD.Recv([header, MPI.BYTE], source, tag)
+    sent, want = _row_text(header), _payload_text(out)
+    if sent == want:
+        return
+    status = _status[0]
+    MPI.COMM_WORLD.Probe(source, tag, status)
+    MPI.COMM_WORLD.Recv([np.empty(status.Get_count(MPI.BYTE), np.uint8), MPI.BYTE], source, tag)
+    raise ValueError(f"{name}: channel {channel_id} from rank {source} sent {sent}, but the recv expects {want}: "
+                     "the send's shape or dtype differs from the recv's")
 
 
 def recv_np(name: str, pairs: str, channel_id: int, out: np.ndarray) -> None:
@@ -202,9 +249,11 @@ def recv_np(name: str, pairs: str, channel_id: int, out: np.ndarray) -> None:
         MPI = mpi()
         if not _status:
             _status.append(MPI.Status())
-        status = _status[0]
+        status, tag = _status[0], _comm.tag(channel_id)
+        if _CHECK:
+            _check_header(name, channel_id, peer.source, tag, out)
         try:
-            MPI.COMM_WORLD.Recv([out, MPI.BYTE], peer.source, _comm.tag(channel_id), status)
+            MPI.COMM_WORLD.Recv([out, MPI.BYTE], peer.source, tag, status)
         except MPI.Exception as err:
             raise ValueError(f"{name}: channel {channel_id} from rank {peer.source}: {err.Get_error_string()} "
                              f"(the send's payload is larger than the {out.nbytes}-byte recv buffer)") from None
@@ -223,11 +272,6 @@ _view = tensors.host_view
 _groups = _comm._groups
 
 
-#: ``TVM_COMBINERS_CHECK_COLLECTIVES=1``: every collective first checks that its whole group calls the same one.
-_CHECK = checking_collectives()
-_CALL_BYTES = 96  # how much of each rank's description a mismatch report shows
-
-
 def same_call(name: str, grp: Group, call: str) -> None:
     """Raise on every rank of the group unless every member is calling ``call`` (kind, reduction, axis,
     shape, dtype) here: one small allreduce, and an allgather of descriptions when they differ.
@@ -243,20 +287,12 @@ def same_call(name: str, grp: Group, call: str) -> None:
     grp.comm.Allreduce(own, seen, mpi().MAX)
     if seen[0] == -seen[1]:
         return
-    text = np.zeros(_CALL_BYTES, np.uint8)
-    raw = call.encode()[:_CALL_BYTES]
-    text[:len(raw)] = np.frombuffer(raw, np.uint8)
     every = np.empty((grp.size, _CALL_BYTES), np.uint8)
-    grp.comm.Allgather(text, every)
-    calls = "; ".join(f"rank {m}: {bytes(row).rstrip(bytes(1)).decode(errors='replace')}"
-                      for m, row in zip(grp.members, every))
+    grp.comm.Allgather(_text_row(call), every)
+    calls = "; ".join(f"rank {m}: {_row_text(row)}" for m, row in zip(grp.members, every))
     raise RuntimeError(f"{name}: the ranks of the group call different collectives here ({calls}): every rank "
                        "must call the same collectives in the same order (modules whose compute differs per "
                        "rank may combine differently: combine one module for every rank)")
-
-
-def _describe(x: Any, detail: str) -> str:
-    return f"{detail} of {tuple(int(d) for d in x.shape)} {x.dtype}"
 
 
 def _gpu() -> Any:
