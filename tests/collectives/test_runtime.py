@@ -199,6 +199,22 @@ def test_ranks_calling_different_collectives_are_caught_when_asked(check: bool, 
     np.testing.assert_array_equal(np.load(tmp_path / "rank0.npz")["p2p"], np.zeros((2, 4)))  # no target: zeros
 
 
+def test_a_recv_placed_before_its_send_gives_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Relay without OrderSendRecv may put a rank's recv before the send its peer waits for: it blocked
+    forever outside ``launch``. Each recv now raises after TVM_COMBINERS_RECV_TIMEOUT s."""
+    monkeypatch.setenv("TVM_COMBINERS_RECV_TIMEOUT", "2")
+    proc = _run(2, "recv_first", tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in range(2):
+        peer = 1 - rank
+        error = json.loads((tmp_path / f"rank{rank}.json").read_text())["error"]
+        assert error == (f"tvm_combiners.recv: channel 3: nothing came from rank {peer} in 2 s: a recv placed before "
+                         "the send it waits for never returns (run OrderSendRecv before building); if rank "
+                         f"{peer} is only slow, raise TVM_COMBINERS_RECV_TIMEOUT")
+        got = np.load(tmp_path / f"rank{rank}.npz")["out"]
+        np.testing.assert_array_equal(got, prog.data(peer, (2,), "float32", 3))
+
+
 def test_hung_rank_is_killed_by_the_timeout(tmp_path: Path) -> None:
     start = time.monotonic()
     proc = _run(2, "hang", tmp_path, timeout=6)

@@ -7,7 +7,8 @@ wait in a recv), ``hang`` (rank 1 sleeps while the others wait in a barrier; ``s
 ``segfault``: rank 1 dies instead; ``os_exit`` and ``sys_exit``: rank 1 leaves with code 0 instead,
 ``fork_os_exit`` too after rank 0 ran a forked worker, which leaves through ``os._exit``;
 ``all_os_exit``: every rank leaves with ``os._exit(0)`` after the barrier), ``mismatch`` (rank 1
-multiplies where the others sum; a send of (4, 2) into a recv of (2, 4)), ``shapes``
+multiplies where the others sum; a send of (4, 2) into a recv of (2, 4)), ``recv_first`` (each rank
+receives before it sends), ``shapes``
 (compiled collectives of a symbolic extent, given equal and then rank-dependent shapes).
 """
 
@@ -122,6 +123,16 @@ def main() -> None:
         return
     if mode == "shapes":
         shapes(out_dir, n, me)
+        return
+    if mode == "recv_first":  # every rank waits for its peer before sending: each must give up, not hang
+        out = empty((2,), "float32")
+        try:
+            fn["recv"]("0,1;1,0", 3, 0, out)
+        except Exception as err:  # noqa: BLE001 - the message is what the test checks
+            (out_dir / f"rank{me}.json").write_text(json.dumps({"error": str(err)}))
+        fn["send"](tensor(data(me, (2,), "float32", 3)), "0,1;1,0", 3, 0, empty((), "int32"))
+        fn["recv"]("0,1;1,0", 3, 0, out)  # the late send arrives whole: the cancelled recv took nothing
+        np.savez(out_dir / f"rank{me}.npz", out=out.numpy())
         return
     if mode == "mismatch":  # rank 1 multiplies where the others sum: MPI takes it, silently (float max
         # is a user op since 2026-11-24, and MPICH aborts on one mixed with its own SUM: not silent);

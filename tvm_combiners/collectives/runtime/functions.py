@@ -182,6 +182,9 @@ _pending: list[tuple[Any, np.ndarray, int, int]] = []  # (request, payload, chan
 _drain_registered = False
 _status: list[Any] = []  # one reused MPI.Status (the runtime is single-threaded)
 DRAIN_TIMEOUT_ENV = "TVM_COMBINERS_SEND_DRAIN_TIMEOUT"
+RECV_TIMEOUT_ENV = "TVM_COMBINERS_RECV_TIMEOUT"
+_SPIN_S = 0.002  # a recv polls without pause this long, then yields the core between polls
+_recv_timeout: list[float] = []  # read once
 
 
 def _reap() -> None:
@@ -225,13 +228,37 @@ def send_np(name: str, pairs: str, channel_id: int, payload: np.ndarray) -> None
         _drain_registered = True
 
 
+def _receive(name: str, channel_id: int, source: int, tag: int, buf: np.ndarray, status: Any) -> None:
+    """Receive the next message of ``tag`` from ``source`` into ``buf``, waiting ``TVM_COMBINERS_RECV_TIMEOUT``
+    s (300) at most. A recv placed before the send it waits for (Relay without ``OrderSendRecv``: its
+    lowering sees one op at a time) blocked forever outside ``launch``; now each rank so placed
+    raises. A long wait yields the core: ranks may outnumber cores, and the peer is computing."""
+    MPI = mpi()
+    request = MPI.COMM_WORLD.Irecv([buf, MPI.BYTE], source, tag)
+    if request.Test(status):
+        return
+    if not _recv_timeout:
+        _recv_timeout.append(float(os.environ.get(RECV_TIMEOUT_ENV, "300")))
+    timeout, start = _recv_timeout[0], time.monotonic()
+    while not request.Test(status):
+        waited = time.monotonic() - start
+        if waited > timeout:
+            request.Cancel()
+            request.Wait()
+            raise TimeoutError(f"{name}: channel {channel_id}: nothing came from rank {source} in {timeout:g} s: "
+                               "a recv placed before the send it waits for never returns (run OrderSendRecv "
+                               f"before building); if rank {source} is only slow, raise {RECV_TIMEOUT_ENV}")
+        if waited > _SPIN_S:
+            time.sleep(0.00005)
+
+
 def _check_header(name: str, channel_id: int, source: int, tag: int, out: np.ndarray) -> None:
     """Check mode: compare what the send says it sent with ``out``. The byte count alone lets a send
     of symbolic shape ``(n, m)`` = (4, 2) land in a (2, 4) recv. On a mismatch the payload is still
     received (into scratch), so that the sender is not left waiting."""
     MPI = mpi()
     header = np.empty(_CALL_BYTES, np.uint8)
-    MPI.COMM_WORLD.Recv([header, MPI.BYTE], source, tag)
+    _receive(name, channel_id, source, tag, header, _status[0])
     sent, want = _row_text(header), _payload_text(out)
     if sent == want:
         return
@@ -253,7 +280,7 @@ def recv_np(name: str, pairs: str, channel_id: int, out: np.ndarray) -> None:
         if _CHECK:
             _check_header(name, channel_id, peer.source, tag, out)
         try:
-            MPI.COMM_WORLD.Recv([out, MPI.BYTE], peer.source, tag, status)
+            _receive(name, channel_id, peer.source, tag, out, status)
         except MPI.Exception as err:
             raise ValueError(f"{name}: channel {channel_id} from rank {peer.source}: {err.Get_error_string()} "
                              f"(the send's payload is larger than the {out.nbytes}-byte recv buffer)") from None
