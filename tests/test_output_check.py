@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from tvm_combiners.main_job import JobError, _check_combined, max_abs_diff, output_diff
+from tvm_combiners.main_job import JobError, _check_combined, max_abs_diff, output_diff, output_diffs
 
 F = np.float32
 
@@ -38,9 +38,13 @@ def test_a_nan_in_any_output_is_the_largest_difference() -> None:
     assert max_abs_diff(ok, ok) == 0.0 and max_abs_diff([], []) == 0.0
 
 
+def _check(combined: list[np.ndarray], baseline: list[np.ndarray], reference: list[np.ndarray] | None = None) -> None:
+    _check_combined("m.onnx", combined, baseline, None if reference is None else output_diffs(baseline, reference))
+
+
 def _fails(combined: list[np.ndarray], baseline: list[np.ndarray], reference: list[np.ndarray] | None = None) -> str:
     with pytest.raises(JobError) as info:
-        _check_combined("m.onnx", combined, baseline, reference)
+        _check(combined, baseline, reference)
     assert info.value.stage == "check" and info.value.exit_code == 1
     return info.value.problem
 
@@ -51,8 +55,8 @@ def test_every_output_is_checked_against_its_own_scale() -> None:
         "the combined module's outputs differ from the baseline's by 1.000e-05 (output 0, allowed 1.0e-07)")
     big = np.full(2, 1e6, F)
     assert "(output 0, allowed 1.0e-04)" in _fails([np.ones(2, F) * 2, big], [np.ones(2, F), big])
-    _check_combined("m.onnx", [small * (1 + 1e-6), big], [small, big])  # float32 rounding passes
-    _check_combined("m.onnx", [np.full(3, 5e-8, F)], [np.zeros(3, F)])  # an all-zero output: the floor
+    _check([small * (1 + 1e-6), big], [small, big])  # float32 rounding passes
+    _check([np.full(3, 5e-8, F)], [np.zeros(3, F)])  # an all-zero output: the floor
 
 
 def test_outputs_computed_by_cancellation_may_carry_the_noise_the_baseline_shows() -> None:
@@ -66,14 +70,14 @@ def test_outputs_computed_by_cancellation_may_carry_the_noise_the_baseline_shows
     one_order = (x.astype(F) @ w1.astype(F) - x.astype(F) @ w2.astype(F)).astype(F)
     other_order = (x.astype(F) @ (w1 - w2).astype(F)).astype(F)  # what a different schedule might compute
     onnxruntime = exact.astype(F)
-    _check_combined("m.onnx", [other_order], [one_order], [onnxruntime])
+    _check([other_order], [one_order], [onnxruntime])
     wrong = other_order * 2
     assert "(output 0, allowed" in _fails([wrong], [one_order], [onnxruntime])
 
 
 def test_nans_infinities_and_shapes_are_checked() -> None:
     inf = np.array([np.inf, 1.0], F)
-    _check_combined("m.onnx", [inf.copy(), np.ones(2, F)], [inf, np.ones(2, F)])
+    _check([inf.copy(), np.ones(2, F)], [inf, np.ones(2, F)])
     assert "(output 0, allowed" in _fails([np.array([np.inf, 2.0], F)], [inf])  # was: check off
     assert _fails([np.ones(2, F), np.array([np.nan, 1.0], F)], [np.ones(2, F), np.ones(2, F)]) == (
         "output 1 of the combined module has NaN or infinity where the baseline's has another value")
@@ -137,9 +141,10 @@ def test_a_baseline_far_from_onnxruntime_widens_the_check_only_so_far() -> None:
     baseline = np.roll(reference, 1, axis=0)  # a frontend computing something else
     assert "allowed" in _fails([rng.random((8, 16)).astype(F)], [baseline], [reference])
     scale = float(np.abs(baseline).max())
-    _check_combined("m.onnx", [baseline + 0.9 * NOISE_CAP * scale], [baseline], [reference])
+    _check([baseline + 0.9 * NOISE_CAP * scale], [baseline], [reference])
     assert "allowed" in _fails([baseline + 1.1 * NOISE_CAP * scale], [baseline], [reference])
-    note = reference_disagreement([np.zeros(2, F), baseline], [np.zeros(2, F), reference])
+    note = reference_disagreement(output_diffs([np.zeros(2, F), baseline], [np.zeros(2, F), reference]),
+                                  [np.zeros(2, F), reference])
     assert note is not None and note.startswith("warning: TVM's baseline differs from onnxruntime by ")
     assert "on output 1 (scale" in note
-    assert reference_disagreement([reference * (1 + 1e-6)], [reference]) is None
+    assert reference_disagreement(output_diffs([reference * (1 + 1e-6)], [reference]), [reference]) is None

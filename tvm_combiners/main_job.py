@@ -172,12 +172,21 @@ def output_diff(output: np.ndarray, reference: np.ndarray) -> float:
         return float(np.max(np.abs(np.where(same, 0.0, a - b))))
 
 
-def max_abs_diff(outputs: list[np.ndarray], reference: list[np.ndarray]) -> float:
-    """The largest :func:`output_diff` over all outputs; NaN if any is (Python's max would drop it)."""
+def output_diffs(outputs: list[np.ndarray], reference: list[np.ndarray]) -> list[float]:
+    """:func:`output_diff` of each output."""
     if len(outputs) != len(reference):
         raise ValueError(f"{len(outputs)} outputs but {len(reference)} reference outputs")
-    diffs = [output_diff(o, r) for o, r in zip(outputs, reference)]
+    return [output_diff(o, r) for o, r in zip(outputs, reference)]
+
+
+def largest(diffs: list[float]) -> float:
+    """The largest difference; NaN if any is (Python's max would drop it)."""
     return math.nan if any(math.isnan(d) for d in diffs) else max(diffs, default=0.0)
+
+
+def max_abs_diff(outputs: list[np.ndarray], reference: list[np.ndarray]) -> float:
+    """The largest :func:`output_diff` over all outputs; NaN if any is."""
+    return largest(output_diffs(outputs, reference))
 
 
 class UserError(ValueError):
@@ -339,6 +348,7 @@ def run_job(model_path: str | None = None, target: str = "llvm", ir: str | None 
         report.executed = False
         report.note = "no CUDA GPU here: compiled with nvcc, not executed"
     outputs: dict[str, list[np.ndarray]] = {}
+    diffs: dict[str, list[float]] = {}  # per output, from onnxruntime
     runnable: list[tuple[Variant, Any]] = []
     for label, mod in modules:
         # The baseline is TVM on the user's model: its failure is a model TVM cannot handle here
@@ -360,13 +370,14 @@ def run_job(model_path: str | None = None, target: str = "llvm", ir: str | None 
             with _stage(path, "run", f"running the {label} module failed", bad_input=is_baseline):
                 progress(f"running {label}")
                 outputs[label] = backend.run(built, inputs, target)
-                variant.max_abs_diff = max_abs_diff(outputs[label], reference)
+                diffs[label] = output_diffs(outputs[label], reference)
+                variant.max_abs_diff = largest(diffs[label])
             runnable.append((variant, built))
         report.variants.append(variant)
     if "baseline" in outputs:
-        report.note = "\n".join(filter(None, [report.note, reference_disagreement(outputs["baseline"], reference)]))
+        report.note = "\n".join(filter(None, [report.note, reference_disagreement(diffs["baseline"], reference)]))
     if "combined" in outputs:
-        _check_combined(path, outputs["combined"], outputs["baseline"], reference)
+        _check_combined(path, outputs["combined"], outputs["baseline"], diffs["baseline"])
     if runnable:
         with _stage(path, "run", "timing the modules failed", bad_input=False):
             _time_alternating(backend, runnable, inputs, target, repeat, report, progress)
@@ -418,33 +429,34 @@ def _scale(output: np.ndarray) -> float:
     return max(float(finite.max()) if finite.size else 0.0, CHECK_SCALE_FLOOR)
 
 
-def reference_disagreement(baseline: list[np.ndarray], reference: list[np.ndarray]) -> str | None:
-    """The report's line where TVM's baseline is further from onnxruntime than float32 noise explains
-    (beyond :data:`NOISE_CAP` of an output's scale): the numbers then check TVM against itself only."""
-    for i, (b, r) in enumerate(zip(baseline, reference)):
-        diff = output_diff(b, r)
-        if not diff <= NOISE_CAP * _scale(r):
+def reference_disagreement(noise: list[float], reference: list[np.ndarray]) -> str | None:
+    """The report's line where TVM's baseline is further (``noise``, per output) from onnxruntime's
+    ``reference`` than float32 noise explains (beyond :data:`NOISE_CAP` of an output's scale): the
+    numbers then check TVM against itself only."""
+    for i, (diff, r) in enumerate(zip(noise, reference, strict=True)):
+        scale = _scale(r)
+        if not diff <= NOISE_CAP * scale:
             return (f"warning: TVM's baseline differs from onnxruntime by {diff:.3g} on output {i} (scale "
-                    f"{_scale(r):.3g}): TVM computes something else for this model; the combined module is "
+                    f"{scale:.3g}): TVM computes something else for this model; the combined module is "
                     "checked against the baseline")
     return None
 
 
 def _check_combined(path: str, combined: list[np.ndarray], baseline: list[np.ndarray],
-                    reference: list[np.ndarray] | None = None, rtol: float = 1e-4) -> None:
+                    noise: list[float] | None = None, rtol: float = 1e-4) -> None:
     """A combined module must compute what the baseline does: never report a changed result as success.
 
     Output by output, against that output's own scale (one large output must not hide another's
-    error), or, where larger, ``NOISE_FACTOR`` times the baseline's own distance from onnxruntime's
-    ``reference``: an output computed by cancellation (a small difference of large sums) carries
-    float32 noise far above its own scale, which two correct evaluations in other orders show.
+    error), or, where larger, ``NOISE_FACTOR`` times the baseline's own distance from onnxruntime
+    (``noise``, per output): an output computed by cancellation (a small difference of large sums)
+    carries float32 noise far above its own scale, which two correct evaluations in other orders show.
     """
-    reference = baseline if reference is None else reference
-    for i, (c, b, r) in enumerate(zip(combined, baseline, reference, strict=True)):
+    noise = [0.0] * len(baseline) if noise is None else noise
+    for i, (c, b, off) in enumerate(zip(combined, baseline, noise, strict=True)):
         c, b = np.asarray(c), np.asarray(b)
         diff = output_diff(c, b)
-        scale, noise = _scale(b), output_diff(b, r)
-        tol = max(rtol * scale, 0.0 if math.isnan(noise) else min(NOISE_FACTOR * noise, NOISE_CAP * scale))
+        scale = _scale(b)
+        tol = max(rtol * scale, 0.0 if math.isnan(off) else min(NOISE_FACTOR * off, NOISE_CAP * scale))
         if diff <= tol:
             continue
         if c.shape != b.shape:

@@ -612,6 +612,9 @@ def test_a_natively_compiled_module_runs_before_the_kernel_exists_in_this_proces
     ("send", {"source_target_pairs": "0,1", "channel_id": -5, "is_host_transfer": False}, "send: channel_id must be"),
     ("recv", {"source_target_pairs": "0,1", "channel_id": 0, "is_host_transfer": False, "shape": [4], "dtype": "bool"},
      "recv: dtype bool is not supported"),
+    ("recv", {"source_target_pairs": "0,1", "channel_id": 0, "is_host_transfer": False, "shape": 4, "dtype": "int8"},
+     "recv: attribute shape 4 is not a list of integers"),
+    ("allgather", {"axis": "x", "groups": "0,1"}, "allgather: attribute axis 'x' is not an integer"),
 ])
 def test_attributes_written_by_hand_are_checked_as_the_builders_check_them(kind, attrs, msg):
     """A call built without our builders (a pass, a parsed module) reached the runtime with ``op="foo"``

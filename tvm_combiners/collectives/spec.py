@@ -273,7 +273,6 @@ def encode_groups(groups: Groups | None) -> str:
     return "" if groups is None else ";".join(",".join(map(str, g)) for g in groups)
 
 
-@functools.lru_cache(maxsize=1024)  # combiners read attributes of many ops with the same groups
 def decode_groups(text: str) -> Groups | None:
     if text == "":
         return None
@@ -284,7 +283,6 @@ def encode_pairs(pairs: Pairs) -> str:
     return ";".join(f"{s},{t}" for s, t in pairs)
 
 
-@functools.lru_cache(maxsize=1024)
 def decode_pairs(text: str) -> Pairs:
     if text == "":
         return ()
@@ -362,7 +360,7 @@ class CollectiveSpec:
         if kind not in KINDS:
             raise CollectiveError(f"unknown collective op kind {kind!r}; expected one of {', '.join(KINDS)}")
 
-        def get(name: str, read: Any) -> Any:
+        def get(name: str, read: Any, what: str) -> Any:
             try:
                 value = attrs[name] if attrs is not None else None
             except (KeyError, IndexError):
@@ -372,16 +370,18 @@ class CollectiveSpec:
             try:
                 return read(value)
             except (TypeError, ValueError):
-                raise CollectiveError(f"{kind}: attribute {name} {value!r} is not a {read.__name__}") from None
+                raise CollectiveError(f"{kind}: attribute {name} {value!r} is not {what}") from None
 
-        if kind in COLLECTIVE_KINDS:
-            return _collective_spec(kind, get("op", str) if kind != "allgather" else None,
-                                    get("axis", int) if kind != "allreduce" else None, get("groups", str))
+        text, integer = (str, "a string"), (int, "an integer")
+        if kind in COLLECTIVE_KINDS:  # the specs are cached: the combiners read many ops of equal attributes
+            return _collective_spec(kind, get("op", *text) if kind != "allgather" else None,
+                                    get("axis", *integer) if kind != "allreduce" else None, get("groups", *text))
         if kind in P2P_KINDS:
             recv = kind == "recv"
-            return _p2p_spec(kind, get("source_target_pairs", str), get("channel_id", int),
-                             get("is_host_transfer", int), get("shape", _int_tuple) if recv else None,
-                             get("dtype", str) if recv else None)
+            return _p2p_spec(kind, get("source_target_pairs", *text), get("channel_id", *integer),
+                             get("is_host_transfer", *integer),
+                             get("shape", _int_tuple, "a list of integers") if recv else None,
+                             get("dtype", *text) if recv else None)
         return cls(kind=kind)
 
     def key(self) -> tuple:

@@ -65,7 +65,13 @@ def _dim_size(name: str, axis: int, batch: int | None, seq: int | None, named: d
     return size
 
 
-def _fix_input_sizes(model: onnx.ModelProto, batch: int | None, seq: int | None) -> bool:
+def fed_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """The graph inputs a user feeds: older exporters list every initializer among the inputs too."""
+    initializers = {i.name for i in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in initializers]
+
+
+def _fix_input_sizes(inputs: list[onnx.ValueInfoProto], batch: int | None, seq: int | None) -> bool:
     """Give dynamic input axes static sizes (:func:`_dim_size`): an input ``[seq, batch, 16]`` beside
     ``[batch, seq, 16]`` was fed ``(1, 8, 16)`` and broadcast into another problem.
 
@@ -74,11 +80,8 @@ def _fix_input_sizes(model: onnx.ModelProto, batch: int | None, seq: int | None)
     (then an error further on may come from these sizes).
     """
     fixed = False
-    initializers = {i.name for i in model.graph.initializer}
     named: dict[str, int | None] = {}
-    for inp in model.graph.input:
-        if inp.name in initializers:
-            continue
+    for inp in inputs:
         for axis, dim in enumerate(inp.type.tensor_type.shape.dim):
             if dim.HasField("dim_value"):
                 continue
@@ -215,10 +218,9 @@ def position_limit(model: onnx.ModelProto) -> tuple[int, str] | None:
     return None
 
 
-def _has_dynamic_sequence(model: onnx.ModelProto) -> bool:
-    initializers = {i.name for i in model.graph.initializer}
+def _has_dynamic_sequence(inputs: list[onnx.ValueInfoProto]) -> bool:
     return any(len(i.type.tensor_type.shape.dim) > 1 and not i.type.tensor_type.shape.dim[1].HasField("dim_value")
-               for i in model.graph.input if i.name not in initializers)
+               for i in inputs)
 
 
 def prepare_onnx(model: onnx.ModelProto | str | os.PathLike, batch: int | None = 1, seq: int | None = 128) -> onnx.ModelProto:
@@ -238,19 +240,19 @@ def prepare_onnx(model: onnx.ModelProto | str | os.PathLike, batch: int | None =
         model = onnx.ModelProto.FromString(model.SerializeToString())
     if batch is not None and batch < 1 or seq is not None and seq < 1:
         raise ValueError(f"batch and seq must be positive, got batch={batch}, seq={seq}")
+    inputs = fed_inputs(model)
     limit = position_limit(model)
-    if seq is not None and limit is not None and seq > limit[0] and _has_dynamic_sequence(model):
+    if seq is not None and limit is not None and seq > limit[0] and _has_dynamic_sequence(inputs):
         raise ModelError(name, f"seq {seq} is beyond the model's {limit[0]} positions (position embedding table {limit[1]!r})")
-    initializers = {i.name for i in model.graph.initializer}
-    for role, values, rule in (("input", model.graph.input, "the job generates tensor inputs only"),
+    for role, values, rule in (("input", inputs, "the job generates tensor inputs only"),
                                ("output", model.graph.output, "TVM flattens it, so it cannot be compared")):
         for value in values:
             kind = value.type.WhichOneof("value")
             untyped_ok = role == "output"  # an output's type may be left to inference
-            if value.name not in initializers and kind != "tensor_type" and not (kind is None and untyped_ok):
+            if kind != "tensor_type" and not (kind is None and untyped_ok):
                 raise ModelError(name, f"{role} {value.name!r} is a {(kind or 'untyped').replace('_type', '')}, "
                                        f"not a tensor: {rule}")
-    fixed = _fix_input_sizes(model, batch, seq)
+    fixed = _fix_input_sizes(inputs, batch, seq)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     with tempfile.TemporaryDirectory() as tmp:
@@ -271,11 +273,8 @@ def prepare_onnx(model: onnx.ModelProto | str | os.PathLike, batch: int | None =
 
 def input_specs(model: onnx.ModelProto) -> dict[str, tuple[list[Any], str]]:
     """Graph inputs (initializers excluded): name -> (dims, numpy dtype); dynamic dims are str."""
-    initializers = {i.name for i in model.graph.initializer}
     specs = {}
-    for inp in model.graph.input:
-        if inp.name in initializers:
-            continue
+    for inp in fed_inputs(model):
         t = inp.type.tensor_type
         dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in t.shape.dim]
         specs[inp.name] = (dims, onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name)

@@ -77,6 +77,10 @@ def _build(MPI: Any) -> Any:
             expr = T.Select(code == i, T.int32(handles[i]), expr)
         return expr
 
+    def chunk_start(base: Any, k: Any, dtype_code: Any) -> Any:
+        """Chunk ``k``'s address (a function: a local inside the script's loop becomes a buffer)."""
+        return T.handle_add_byte_offset(base, k * _CHUNK * T.Cast("int64", pick(dtype_code, sizes)))
+
     f32, f64, avg = DTYPES.index("float32"), DTYPES.index("float64"), OPS.index("avg")
 
     @T.prim_func
@@ -88,10 +92,9 @@ def _build(MPI: Any) -> Any:
                                        T.tvm_struct_get(out, 0, _ARR_BYTE_OFFSET, "int64"))
         # MPI counts are ints: more elements than fit one (2^31 - 1; a count cast to int32 reduced
         # count mod 2^32 elements and reported success) go in several calls
-        for k in range((count + _CHUNK - 1) // _CHUNK):  # (no local variable here: it becomes a buffer)
+        for k in range((count + _CHUNK - 1) // _CHUNK):
             assert T.call_extern("int32", "MPI_Allreduce",
-                                 T.handle_add_byte_offset(src, k * _CHUNK * T.Cast("int64", pick(dtype_code, sizes))),
-                                 T.handle_add_byte_offset(dst, k * _CHUNK * T.Cast("int64", pick(dtype_code, sizes))),
+                                 chunk_start(src, k, dtype_code), chunk_start(dst, k, dtype_code),
                                  T.Cast("int32", T.min(count - k * _CHUNK, _CHUNK)), pick(dtype_code, types),
                                  pick(op_code, ops), T.int32(comm)) == 0, "tvm_combiners.allreduce: MPI_Allreduce failed"
         if op_code == avg:
