@@ -72,3 +72,25 @@ def test_zero_size_ops_are_left_alone():
             new = CombineParallelOps(to_batch=to_batch)(mod)
             assert ops(new, "matmul") == 2, (shape, to_batch)
             assert_same_outputs(mod, new, random_inputs(mod))
+
+
+def test_symbolic_extents_of_one_name_are_told_apart():
+    """Review (2026-11-24): dims compared by their printed name, so weights of extent ``b`` and of
+    another variable also named ``b`` (Relax's ONNX importer names every dynamic Squeeze's extent
+    alike) were concatenated, and TVM could not compile the result. One variable still combines."""
+    import tvm
+
+    from tvm_combiners.relax import CombineParallelOps
+
+    b1, b2 = tvm.tirx.Var("b", "int64"), tvm.tirx.Var("b", "int64")
+    for second, combines in ((b2, False), (b1, True)):
+        def body(bb, x, w1, w2):
+            return [bb.emit(R.matmul(x, w1)), bb.emit(R.matmul(x, w2))]
+
+        mod = make_module({"x": ((1, 4, 8), F32), "w1": ((b1, 8, 3), F32), "w2": ((second, 8, 5), F32)}, body)
+        new = CombineParallelOps()(mod)
+        assert ops(new, "matmul") == (1 if combines else 2)
+        rng = np.random.default_rng(0)
+        args = [rng.standard_normal(s).astype(F32) for s in ((1, 4, 8), (2, 8, 3), (2 if combines else 3, 8, 5))]
+        for got, want in zip(run(new, args), (args[0] @ args[1], args[0] @ args[2])):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -31,19 +31,25 @@ class StructKey:
 
 
 class SymDim:
-    """A symbolic dimension: compares by its printed form, keeps the IR expression for rebuilding."""
+    """A symbolic dimension: compares by ``key``, keeps the IR expression for rebuilding.
 
-    __slots__ = ("name", "expr")
+    The key defaults to the printed form; an IR whose variables may share a name passes a key that
+    compares them by identity (Relax's ONNX importer names every dynamic Squeeze's extent alike, and
+    two different ``b`` extents made two weights look concatenable).
+    """
 
-    def __init__(self, expr: Any) -> None:
+    __slots__ = ("name", "expr", "key")
+
+    def __init__(self, expr: Any, key: Any = None) -> None:
         self.expr = expr
         self.name = str(expr)
+        self.key = self.name if key is None else key
 
     def __hash__(self) -> int:
-        return hash(("sym", self.name))
+        return hash(("sym", self.key))
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, SymDim) and other.name == self.name
+        return isinstance(other, SymDim) and other.key == self.key
 
     def __repr__(self) -> str:
         return self.name

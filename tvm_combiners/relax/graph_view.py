@@ -45,7 +45,7 @@ def dims_of(ty: Any, shapes: dict[int, tuple[Any, tuple[Dim, ...]]]) -> tuple[Di
         return None
     handle = shape.__chandle__()
     if handle not in shapes:  # the shape stays referenced: its address is not reused meanwhile
-        shapes[handle] = shape, tuple(int(v.value) if isinstance(v, tvm.tirx.IntImm) else SymDim(v)
+        shapes[handle] = shape, tuple(int(v.value) if isinstance(v, tvm.tirx.IntImm) else SymDim(v, struct_key(v))
                                       for v in items(shape.values))
     return shapes[handle][1]
 
