@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator
 
@@ -50,3 +51,38 @@ def on_start_cores() -> Iterator[None]:
         yield
     finally:
         os.sched_setaffinity(0, now)
+
+
+#: Where MPI launchers tell a rank its index among the ranks on its machine (MPICH's hydra, Open MPI, Slurm).
+LOCAL_RANK_VARS = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
+
+
+def local_rank() -> int:
+    """This process's index among the ranks on its machine (0 outside a launcher)."""
+    for var in LOCAL_RANK_VARS:
+        value = os.environ.get(var, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+@functools.cache
+def gpu_count() -> int:
+    """CUDA GPUs this process sees (0 without a driver)."""
+    import tvm
+
+    count = 0
+    try:
+        while count < 64 and tvm.cuda(count).exist:
+            count += 1
+    except Exception:  # noqa: BLE001 - no CUDA runtime in this TVM, or no driver
+        pass
+    return count
+
+
+def rank_gpu() -> int:
+    """The GPU this process runs cuda code on: its local rank modulo the GPUs it sees (one process:
+    GPU 0). With every rank on GPU 0, NCCL refused every group (two ranks on one GPU) and all
+    collectives on cuda tensors went through host memory, on a machine of 8 GPUs too."""
+    count = gpu_count()
+    return local_rank() % count if count else 0

@@ -11,6 +11,7 @@ import ast
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -327,6 +328,9 @@ def test_cuda_tensors_on_two_ranks(tmp_path: Path) -> None:
         total = data(0, (12, 2), "float32", 3) + data(1, (12, 2), "float32", 3)
         np.testing.assert_array_equal(got["reduce_scatter"], np.split(total, 2)[rank])
         np.testing.assert_array_equal(got["p2p"], data(1 - rank, (5,), "float32", 4))
+        for op in ("min", "max"):
+            np.testing.assert_array_equal(got[f"nan|{op}"], [np.nan, np.nan])
+        assert got["empty"].shape == (0, 4)
 
 
 # --- no launch needed -------------------------------------------------------------------------------
@@ -401,6 +405,26 @@ def test_rank_error_reads_traceback_or_abort() -> None:
     assert rank_error("just a warning\n") is None
 
 
+def test_each_rank_runs_on_its_own_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every rank ran on GPU 0, so NCCL refused every group and collectives always went through host memory."""
+    from tvm_combiners import host
+
+    for var in host.LOCAL_RANK_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(host, "gpu_count", lambda: 4)
+    assert host.rank_gpu() == 0  # one process
+    for local, gpu in ((1, 1), (3, 3), (5, 1)):
+        monkeypatch.setenv("MPI_LOCALRANKID", str(local))
+        assert host.rank_gpu() == gpu
+    monkeypatch.setattr(host, "gpu_count", lambda: 0)
+    assert host.rank_gpu() == 0
+    proc = subprocess.run([sys.executable, "-m", "tvm_combiners.cli", "launch", "-n", "2", "--", sys.executable, "-c",
+                           "from tvm_combiners.host import local_rank; from mpi4py import MPI; "
+                           "assert local_rank() == MPI.COMM_WORLD.Get_rank(), local_rank()"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 def test_gpu_path_selection() -> None:
     gpu0, gpu1 = ("host-a", "0"), ("host-a", "1")
     assert choose_path([(gpu0, None), (gpu1, None)]) is None
@@ -419,7 +443,7 @@ class _FakeCudaTensor:
     """Just enough of a TVM cuda tensor for the NCCL dispatch (no GPU needed)."""
 
     def __init__(self, shape: tuple[int, ...], dtype: str = "float32", ptr: int = 0x1000) -> None:
-        self.shape, self.dtype, self._ptr = shape, dtype, ptr
+        self.shape, self.dtype, self._ptr, self.synced = shape, dtype, ptr, None
 
     def data_ptr(self) -> int:  # a method, as on tvm.runtime.Tensor
         return self._ptr
@@ -427,7 +451,15 @@ class _FakeCudaTensor:
     def __dlpack_device__(self) -> tuple[int, int]:
         return (2, 0)
 
+    @property
+    def device(self) -> _FakeCudaTensor:
+        return self
+
+    def sync(self, stream: int) -> None:
+        self.synced = stream
+
     def numpy(self) -> np.ndarray:
+        assert self.synced == 77, "staged before TVM's stream finished the tensor"
         return np.zeros(self.shape, self.dtype)
 
     def copyfrom(self, value: np.ndarray) -> None:
@@ -436,7 +468,7 @@ class _FakeCudaTensor:
 
 def test_cuda_dispatch_uses_nccl_on_the_stream_or_stages(monkeypatch: pytest.MonkeyPatch) -> None:
     """Which call NCCL gets (buffers, op, stream), and what falls back to host staging."""
-    from tvm_combiners.collectives.runtime import comm, nccl
+    from tvm_combiners.collectives.runtime import comm, nccl, tensors
 
     calls: list[tuple] = []
 
@@ -455,7 +487,7 @@ def test_cuda_dispatch_uses_nccl_on_the_stream_or_stages(monkeypatch: pytest.Mon
         SUM, PROD, MIN, MAX, AVG = range(5)
 
     monkeypatch.setattr(nccl, "nccl_group", lambda groups, grp, device: nccl.NcclGroup(Core, Comm()))
-    monkeypatch.setattr(nccl, "_stream", lambda t: 77)
+    monkeypatch.setattr(tensors, "current_stream", lambda t: 77)
     staged: list[str] = []
     monkeypatch.setattr(nccl, "allgather_np", lambda *a: staged.append("allgather"))
     monkeypatch.setattr(nccl, "reduce_scatter_np", lambda *a: staged.append("reduce_scatter"))
@@ -463,19 +495,34 @@ def test_cuda_dispatch_uses_nccl_on_the_stream_or_stages(monkeypatch: pytest.Mon
     grp = comm.Group(comm=None, members=(0, 1), position=0)
     x, out = _FakeCudaTensor((4, 6), ptr=0x10), _FakeCudaTensor((4, 6), ptr=0x20)
     nccl.allreduce("n", "", grp, x, "avg", out)
-    nccl.allreduce("n", "", grp, x, "max", out)
+    nccl.allreduce("n", "", grp, _FakeCudaTensor((3,), "int32"), "max", _FakeCudaTensor((3,), "int32"))
     nccl.allgather("n", "", grp, x, 0, _FakeCudaTensor((8, 6)))
     nccl.allgather("n", "", grp, _FakeCudaTensor((1, 4, 6)), 1, _FakeCudaTensor((1, 8, 6)))
+    nccl.allgather("n", "", grp, _FakeCudaTensor((2,), "float16"), 0, _FakeCudaTensor((4,), "float16"))
     nccl.reduce_scatter("n", "", grp, x, "sum", 0, _FakeCudaTensor((2, 6)))
-    assert calls == [("allreduce", 0x10, 0x20, Core.AVG, 77), ("allreduce", 0x10, 0x20, Core.MAX, 77),
-                     ("allgather", (8, 6), 77), ("allgather", (1, 8, 6), 77), ("reduce_scatter", "<f4", Core.SUM, 77)]
-    # not NCCL's: a non-leading axis, a dtype NCCL lacks, avg on integers
+    assert calls == [("allreduce", 0x10, 0x20, Core.AVG, 77), ("allreduce", 0x1000, 0x1000, Core.MAX, 77),
+                     ("allgather", (8, 6), 77), ("allgather", (1, 8, 6), 77), ("allgather", (4,), 77),
+                     ("reduce_scatter", "<f4", Core.SUM, 77)]
+    # not NCCL's: a non-leading axis, a dtype NCCL lacks, avg on integers; float min/max (NCCL's
+    # fminf drops a NaN), float16 arithmetic (NCCL's is in half precision), empty tensors
     nccl.allgather("n", "", grp, x, 1, _FakeCudaTensor((4, 12)))
     nccl.reduce_scatter("n", "", grp, x, "sum", 1, _FakeCudaTensor((4, 3)))
     nccl.allreduce("n", "", grp, _FakeCudaTensor((3,), "int16"), "sum", _FakeCudaTensor((3,), "int16"))
     nccl.allreduce("n", "", grp, _FakeCudaTensor((3,), "int32"), "avg", _FakeCudaTensor((3,), "int32"))
-    assert staged == ["allgather", "reduce_scatter", "allreduce", "allreduce"]
-    assert len(calls) == 5
+    for op in ("min", "max"):
+        nccl.allreduce("n", "", grp, x, op, out)
+    for op in ("sum", "avg"):
+        nccl.allreduce("n", "", grp, _FakeCudaTensor((3,), "float16"), op, _FakeCudaTensor((3,), "float16"))
+    nccl.reduce_scatter("n", "", grp, _FakeCudaTensor((0, 4)), "sum", 0, _FakeCudaTensor((0, 4)))
+    assert staged == ["allgather", "reduce_scatter", "allreduce", "allreduce", "allreduce", "allreduce",
+                      "allreduce", "allreduce", "reduce_scatter"]
+    assert len(calls) == 6
+    # an out of the wrong shape is refused as on the host path (NCCL would fill part of a larger one)
+    with pytest.raises(ValueError, match=re.escape("n: out has shape (8, 6), expected (4, 6)")):
+        nccl.allreduce("n", "", grp, x, "sum", _FakeCudaTensor((8, 6)))
+    with pytest.raises(ValueError, match=re.escape("n: out has shape (16, 6), expected (8, 6)")):
+        nccl.allgather("n", "", grp, x, 0, _FakeCudaTensor((16, 6)))
+    assert len(calls) == 6
 
 
 def test_ranks_are_not_all_pinned_to_the_first_core(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

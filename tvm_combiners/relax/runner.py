@@ -10,7 +10,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..host import host_cpu
+from ..host import host_cpu, rank_gpu
 
 
 def make_target(kind: str) -> tvm.target.Target:
@@ -27,7 +27,8 @@ def make_target(kind: str) -> tvm.target.Target:
 
 
 def device_for(kind: str) -> tvm.runtime.Device:
-    return tvm.cpu() if kind == "llvm" else tvm.cuda(0)
+    """The CPU, or this rank's GPU (:func:`~tvm_combiners.host.rank_gpu`)."""
+    return tvm.cpu() if kind == "llvm" else tvm.cuda(rank_gpu())
 
 
 def has_gpu() -> bool:

@@ -11,7 +11,7 @@ import tvm
 from tvm import relay
 from tvm.contrib import graph_executor
 
-from ..host import host_cpu
+from ..host import host_cpu, rank_gpu
 
 #: hhb-tvm's default "llvm" means riscv64: always name the host triple.
 LLVM_TARGET = "llvm -mtriple=x86_64-linux-gnu"
@@ -47,7 +47,7 @@ def build(mod: tvm.IRModule, params: dict | None = None, target: str = "llvm") -
 
 
 def _graph_module(lib: Any, inputs: dict[str, np.ndarray], target: str) -> tuple[Any, Any]:
-    dev = tvm.cpu() if target == "llvm" else tvm.cuda()
+    dev = tvm.cpu() if target == "llvm" else tvm.cuda(rank_gpu())
     module = graph_executor.GraphModule(lib["default"](dev))
     for name, value in inputs.items():
         module.set_input(name, value)

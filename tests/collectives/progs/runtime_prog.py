@@ -153,13 +153,22 @@ def main() -> None:
         if errors:
             (out_dir / f"rank{me}.json").write_text(json.dumps(errors))
         return
-    if mode == "cuda":  # needs a GPU: NCCL, or host-staged MPI where ranks share one GPU
-        dev = tvm.cuda(0)
+    if mode == "cuda":  # needs a GPU: NCCL (one GPU per rank), or host-staged MPI where ranks share one
+        from tvm_combiners.host import rank_gpu
+
+        dev = tvm.cuda(rank_gpu())
         got = {}
         for op in REDUCTIONS:
             out = empty((3, 4), "float32", dev)
             fn["allreduce"](tensor(data(me, (3, 4), "float32", 1), dev), op, "", out)
             got[f"allreduce|{op}"] = out.numpy()
+        for op in ("min", "max"):  # a NaN on either rank is in both results (NCCL's own min/max drop it)
+            out = empty((2,), "float32", dev)
+            fn["allreduce"](tensor(np.array([np.nan, 1] if me == 0 else [5, np.nan], "float32"), dev), op, "", out)
+            got[f"nan|{op}"] = out.numpy()
+        out = empty((0, 4), "float32", dev)
+        fn["allreduce"](tensor(np.zeros((0, 4), "float32"), dev), "sum", "", out)
+        got["empty"] = out.numpy()
         out = empty((2, 4 * n), "float32", dev)
         fn["allgather"](tensor(data(me, (2, 4), "float32", 2), dev), 1, "", out)
         got["allgather"] = out.numpy()

@@ -72,7 +72,7 @@ def scatter_from_worker0(x: Any, *rest: Any) -> None:
     else:
         staged = tensors.host_view(out) if tensors.is_host(out) else None
         host_out = staged if staged is not None else out.numpy()
-        functions.scatter_np(name, grp, x.numpy(), host_out)
+        functions.scatter_np(name, grp, tensors.host_copy(x), host_out)
         if staged is None:
             out.copyfrom(host_out)
 

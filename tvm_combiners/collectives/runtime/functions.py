@@ -66,7 +66,7 @@ def mpi_op(op: str, name: str) -> Any:
     return found
 
 
-def _check_shape(name: str, what: str, got: tuple[int, ...], want: tuple[int, ...]) -> None:
+def check_shape(name: str, what: str, got: tuple[int, ...], want: tuple[int, ...]) -> None:
     if tuple(got) != tuple(want):
         raise ValueError(f"{name}: {what} has shape {tuple(got)}, expected {tuple(want)}")
 
@@ -101,16 +101,30 @@ def _reduce(name: str, comm: Any, op: str, send: np.ndarray, recv: np.ndarray, s
 
 
 def allreduce_np(name: str, grp: Group, x: np.ndarray, op: str, out: np.ndarray) -> None:
-    _check_shape(name, "out", out.shape, x.shape)
+    check_shape(name, "out", out.shape, x.shape)
     _reduce(name, grp.comm, op, x, out, grp.size, block=False)
+
+
+def gathered_shape(name: str, shape: tuple[int, ...], axis: int, size: int) -> tuple[int, tuple[int, ...]]:
+    """(axis, out's shape) of an allgather of ``shape`` over ``size`` members (checked on every device)."""
+    axis = _norm_axis(name, axis, len(shape))
+    return axis, shape[:axis] + (shape[axis] * size,) + shape[axis + 1:]
+
+
+def scattered_shape(name: str, shape: tuple[int, ...], axis: int, size: int) -> tuple[int, tuple[int, ...]]:
+    """(axis, out's shape) of a reduce_scatter of ``shape`` over ``size`` members (checked on every device)."""
+    axis = _norm_axis(name, axis, len(shape))
+    if shape[axis] % size:
+        raise ValueError(f"{name}: axis {axis} has extent {shape[axis]}, not divisible by the group size {size}")
+    return axis, shape[:axis] + (shape[axis] // size,) + shape[axis + 1:]
 
 
 def allgather_np(name: str, grp: Group, x: np.ndarray, axis: int, out: np.ndarray) -> None:
     """Concatenate every group member's ``x`` along ``axis`` in group order."""
     MPI = mpi()
-    axis = _norm_axis(name, axis, x.ndim)
     g, shape = grp.size, x.shape
-    _check_shape(name, "out", out.shape, shape[:axis] + (shape[axis] * g,) + shape[axis + 1:])
+    axis, want = gathered_shape(name, shape, axis, g)
+    check_shape(name, "out", out.shape, want)
     if math.prod(shape[:axis]) == 1:  # the gathered blocks are contiguous in out: gather in place
         grp.comm.Allgather([x, MPI.BYTE], [out, MPI.BYTE])
         return
@@ -121,12 +135,10 @@ def allgather_np(name: str, grp: Group, x: np.ndarray, axis: int, out: np.ndarra
 
 def reduce_scatter_np(name: str, grp: Group, x: np.ndarray, op: str, axis: int, out: np.ndarray) -> None:
     """Reduce ``x`` over the group; the member at position i keeps chunk i along ``axis``."""
-    axis = _norm_axis(name, axis, x.ndim)
     g, shape = grp.size, x.shape
-    if shape[axis] % g:
-        raise ValueError(f"{name}: axis {axis} has extent {shape[axis]}, not divisible by the group size {g}")
-    chunk = shape[axis] // g
-    _check_shape(name, "out", out.shape, shape[:axis] + (chunk,) + shape[axis + 1:])
+    axis, want = scattered_shape(name, shape, axis, g)
+    chunk = want[axis]
+    check_shape(name, "out", out.shape, want)
     if math.prod(shape[:axis]) != 1:  # bring the chunks to the front so that each is contiguous
         x = np.ascontiguousarray(np.moveaxis(x.reshape(shape[:axis] + (g, chunk) + shape[axis + 1:]), axis, 0))
     _reduce(name, grp.comm, op, x, out, g, block=True)
@@ -134,7 +146,7 @@ def reduce_scatter_np(name: str, grp: Group, x: np.ndarray, op: str, axis: int, 
 
 def broadcast_np(name: str, grp: Group, x: np.ndarray, out: np.ndarray) -> None:
     """Every member's ``out`` becomes the ``x`` of the group's first member."""
-    _check_shape(name, "out", out.shape, x.shape)
+    check_shape(name, "out", out.shape, x.shape)
     if grp.position == 0:
         np.copyto(out, x)
     grp.comm.Bcast([out, mpi().BYTE], root=0)
@@ -142,8 +154,8 @@ def broadcast_np(name: str, grp: Group, x: np.ndarray, out: np.ndarray) -> None:
 
 def scatter_np(name: str, grp: Group, x: np.ndarray, out: np.ndarray) -> None:
     """The group's first member sends ``x[i]`` to the member at position i."""
-    _check_shape(name, "x", x.shape[:1], (grp.size,))
-    _check_shape(name, "out", out.shape, x.shape[1:])
+    check_shape(name, "x", x.shape[:1], (grp.size,))
+    check_shape(name, "out", out.shape, x.shape[1:])
     MPI = mpi()
     grp.comm.Scatter([x, MPI.BYTE] if grp.position == 0 else None, [out, MPI.BYTE], root=0)
 
@@ -400,7 +412,7 @@ def send(x: Any, pairs: str, channel_id: int, is_host_transfer: int, token_out: 
     """Non-blocking send; cuda payloads are staged through host memory (NCCL's send would block the stream)."""
     name = "tvm_combiners.send"
     if (_routes.get(pairs) or route(pairs, name)).target is not None:
-        payload = np.array(_view(x)) if tensors.is_host(x) else x.numpy()
+        payload = np.array(_view(x)) if tensors.is_host(x) else tensors.host_copy(x)
     else:
         payload = np.empty(0, np.uint8)
     send_np(name, pairs, channel_id, payload)

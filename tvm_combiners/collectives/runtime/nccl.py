@@ -6,10 +6,16 @@ is ordered after the kernels that produced its input.  NCCL refuses two ranks on
 nccl4py may be missing: then the group's ranks copy to host, use MPI and copy back, and the group's
 first rank says so once on stderr.  The choice is made from every member's facts gathered over MPI,
 so all members always take the same path (a split decision would deadlock).
+
+NCCL serves a reduction only where it computes what the host path does (:func:`_nccl_reduces`);
+the rest is staged, as are empty tensors. Float ``avg`` is NCCL's own: it scales each input by
+1/n before summing, so with a group size that is not a power of two it may differ from the host
+path's sum-then-divide in the last bit (as any two summation orders do).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import sys
@@ -19,7 +25,16 @@ import numpy as np
 
 from . import tensors
 from .comm import Group
-from .functions import allgather_np, allreduce_np, broadcast_np, reduce_scatter_np
+from .functions import (
+    allgather_np,
+    allreduce_np,
+    broadcast_np,
+    builtin_reduction,
+    check_shape,
+    gathered_shape,
+    reduce_scatter_np,
+    scattered_shape,
+)
 
 # dtypes NCCL reduces and moves that a CUDA Array Interface can name; anything else (bfloat16, int16,
 # bool, ...) is staged through host memory.
@@ -27,8 +42,17 @@ NCCL_DTYPES = frozenset({"int8", "uint8", "int32", "uint32", "int64", "uint64", 
 
 
 def gpu_identity(device_id: int, host: str | None = None, visible: str | None = None) -> tuple[str, str]:
-    """(host, physical GPU) of a device index, seen through CUDA_VISIBLE_DEVICES."""
+    """(host, physical GPU) of a device index: its PCI bus id, as NCCL itself tells GPUs apart (one
+    rank may name a GPU by index and another by UUID in CUDA_VISIBLE_DEVICES); without cuda.core,
+    the CUDA_VISIBLE_DEVICES entry."""
     host = socket.gethostname() if host is None else host
+    if visible is None:
+        try:
+            from cuda.core import Device
+
+            return host, str(Device(device_id).pci_bus_id)
+        except Exception:  # noqa: BLE001 - no cuda.core, no driver: the environment's names
+            pass
     visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
     if visible:
         entries = [v.strip() for v in visible.split(",") if v.strip()]
@@ -114,14 +138,10 @@ def nccl_group(groups: str, grp: Group, device_id: int) -> NcclGroup | None:
 
 
 def _stream(t: Any) -> int:
-    """TVM's current stream for the tensor's device (0, the default stream, on TVM without tvm_ffi)."""
-    if tensors.NEW_FFI:
-        return int(tensors.tvm_ffi.get_raw_stream(t.device))
-    return 0
+    return tensors.current_stream(t)
 
 
-def _staged(t: Any) -> np.ndarray:
-    return t.numpy()
+_staged = tensors.host_copy
 
 
 def _leading(shape: tuple[int, ...], axis: int) -> bool:
@@ -131,19 +151,31 @@ def _leading(shape: tuple[int, ...], axis: int) -> bool:
 
 
 def _nccl_for(groups: str, grp: Group, x: Any) -> NcclGroup | None:
+    """The group's communicator where NCCL may move ``x``; None stages it (also an empty ``x``: NCCL
+    refuses a reduce_scatter of fewer elements than ranks, and a NULL buffer)."""
     group_ = nccl_group(groups, grp, x.__dlpack_device__()[1])
-    if group_ is None or str(x.dtype) not in NCCL_DTYPES:
+    if group_ is None or str(x.dtype) not in NCCL_DTYPES or math.prod(tuple(x.shape)) == 0:
         return None
     return group_
 
 
+def _nccl_reduces(ng: NcclGroup, op: str, x: Any) -> bool:
+    """NCCL computes the host path's result: where the host path uses MPI's own reduction. Not float
+    min/max (NCCL's fminf/fmaxf drop a NaN, as MPI's MIN/MAX do), not float16 (NCCL adds and
+    multiplies in half precision: 60000 + 60000 - 60000 is inf; the host path reduces in float32),
+    not avg on integers (refused)."""
+    dtype = tensors.np_dtype(x)
+    return op in ng.ops and builtin_reduction(op, dtype) and (op != "avg" or dtype.kind == "f")
+
+
 def allreduce(name: str, groups: str, grp: Group, x: Any, op: str, out: Any) -> None:
     ng = _nccl_for(groups, grp, x)
-    if ng is None or op not in ng.ops or (op == "avg" and "float" not in str(x.dtype)):
+    if ng is None or not _nccl_reduces(ng, op, x):
         staged = np.empty(tuple(out.shape), tensors.np_dtype(out))
         allreduce_np(name, grp, _staged(x), op, staged)
         out.copyfrom(staged)
         return
+    check_shape(name, "out", tuple(out.shape), tuple(x.shape))
     ng.comm.allreduce(_Array(x), _Array(out), ng.ops[op], stream=_stream(x))
 
 
@@ -154,17 +186,19 @@ def allgather(name: str, groups: str, grp: Group, x: Any, axis: int, out: Any) -
         allgather_np(name, grp, _staged(x), axis, staged)
         out.copyfrom(staged)
         return
+    check_shape(name, "out", tuple(out.shape), gathered_shape(name, tuple(x.shape), axis, grp.size)[1])
     ng.comm.allgather(_Array(x), _Array(out), stream=_stream(x))
 
 
 def reduce_scatter(name: str, groups: str, grp: Group, x: Any, op: str, axis: int, out: Any) -> None:
     ng = _nccl_for(groups, grp, x)
-    if (ng is None or op not in ng.ops or (op == "avg" and "float" not in str(x.dtype))
-            or not _leading(tuple(x.shape), int(axis)) or tuple(x.shape)[int(axis)] % grp.size):
+    if (ng is None or not _nccl_reduces(ng, op, x) or not _leading(tuple(x.shape), int(axis))
+            or tuple(x.shape)[int(axis)] % grp.size):
         staged = np.empty(tuple(out.shape), tensors.np_dtype(out))
         reduce_scatter_np(name, grp, _staged(x), op, axis, staged)
         out.copyfrom(staged)
         return
+    check_shape(name, "out", tuple(out.shape), scattered_shape(name, tuple(x.shape), axis, grp.size)[1])
     ng.comm.reduce_scatter(_Array(x), _Array(out), ng.ops[op], stream=_stream(x))
 
 
@@ -175,4 +209,5 @@ def broadcast(name: str, groups: str, grp: Group, x: Any, out: Any) -> None:
         broadcast_np(name, grp, _staged(x), staged)
         out.copyfrom(staged)
         return
+    check_shape(name, "out", tuple(out.shape), tuple(x.shape))
     ng.comm.broadcast(_Array(x), _Array(out), 0, stream=_stream(x))

@@ -102,3 +102,19 @@ def data_ptr(t: Any) -> int:
 
 def np_dtype(t: Any) -> np.dtype:
     return np.dtype(str(t.dtype))
+
+
+def current_stream(t: Any) -> int:
+    """TVM's current stream for the tensor's device (0, the default stream, on TVM without tvm_ffi)."""
+    if NEW_FFI:
+        return int(tvm_ffi.get_raw_stream(t.device))
+    return 0
+
+
+def host_copy(t: Any) -> np.ndarray:
+    """A device tensor on the host, after the kernels on TVM's current stream that produce it: the
+    copy runs on the legacy default stream, which does not wait for a non-blocking stream (torch's)."""
+    stream = current_stream(t)
+    if stream:
+        t.device.sync(stream)
+    return t.numpy()
