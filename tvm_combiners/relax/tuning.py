@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
+import inspect
 import json
+import linecache
 import logging
 import os
 import re
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -104,6 +108,51 @@ def _ms() -> Any:
     from tvm.s_tir import meta_schedule
 
     return meta_schedule
+
+
+@functools.cache
+def _builder(kind: str) -> Any:
+    """MetaSchedule's builder, made once per process: its worker processes import TVM (seconds each),
+    and the job tunes two modules."""
+    ms = _ms()
+    if kind == "llvm":
+        return ms.builder.LocalBuilder(f_build=build_candidate, timeout_sec=60)
+    return ms.builder.LocalBuilder(timeout_sec=120)
+
+
+@functools.cache
+def _runner() -> Any:
+    """MetaSchedule's runner, made once per process (as :func:`_builder`)."""
+    return _ms().runner.LocalRunner()
+
+
+def _frames(context: int = 1) -> list[inspect.FrameInfo]:
+    """What ``inspect.stack()`` gives TVMScript (each frame's file, line, function and source line),
+    without resolving every frame's module: ``inspect.getmodule`` scans ``sys.modules`` each time."""
+    frame = sys._getframe(1)
+    frames = []
+    while frame is not None:
+        code = frame.f_code
+        line = linecache.getline(code.co_filename, frame.f_lineno)
+        frames.append(inspect.FrameInfo(frame, code.co_filename, frame.f_lineno, code.co_name,
+                                        [line] if line else None, 0 if line else None))
+        frame = frame.f_back
+    return frames
+
+
+def _import_tensor_intrinsics() -> None:
+    """Import TVM's tensor intrinsics (MetaSchedule's first tuning context does), with :func:`_frames`
+    for ``inspect.stack``: each of the module's ~500 TVMScript functions asks for its caller's
+    stack, and that took 48 s of every first ``--tune`` on a 2-core machine (4.8 s this way; the
+    124 intrinsics it registers were compared, structurally equal)."""
+    if "tvm.s_tir.tensor_intrin" in sys.modules:
+        return
+    stack = inspect.stack
+    inspect.stack = _frames
+    try:
+        import tvm.s_tir.tensor_intrin  # noqa: F401
+    finally:
+        inspect.stack = stack
 
 
 def _fused(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
@@ -216,6 +265,7 @@ def _tune_tasks(db: Any, mod: tvm.IRModule, target: tvm.target.Target, trials: i
     new = [(t, k) for t, k in zip(tasks, keys) if _needs_tuning(db, t, ledger.get(k, 0), trials)]
     say(f"{len(tasks)} MetaSchedule tasks, {len(new)} to tune (new, or tuned with fewer than {trials} trials) in {folder}")
     if new:
+        _import_tensor_intrinsics()
         todo = [t for t, _ in new]
         contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
             todo, str(folder / "logs"), strategy=_search_strategy(trials))
@@ -224,8 +274,7 @@ def _tune_tasks(db: Any, mod: tvm.IRModule, target: tvm.target.Target, trials: i
         ms.tune_tasks(tasks=contexts, task_weights=weights, work_dir=str(folder / "logs"),
                       max_trials_global=trials * len(new), max_trials_per_task=trials,
                       num_trials_per_iter=min(64, trials), database=db, measure_callbacks=callbacks,
-                      builder=ms.builder.LocalBuilder(f_build=build_candidate, timeout_sec=60)
-                      if target.kind.name == "llvm" else ms.builder.LocalBuilder(timeout_sec=120))
+                      builder=_builder(target.kind.name), runner=_runner())
         ledger.update({k: max(trials, ledger.get(k, 0)) for _, k in new})
         (folder / LEDGER).write_text(json.dumps(ledger, indent=1, sort_keys=True))
     return TuneSummary(len(tasks), len(new), trials, time.perf_counter() - start, str(folder))
