@@ -334,6 +334,20 @@ def test_cuda_tensors_on_two_ranks(tmp_path: Path) -> None:
 
 
 # --- no launch needed -------------------------------------------------------------------------------
+def test_runtime_timeouts_from_the_environment_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tvm_combiners.collectives.runtime import functions
+
+    monkeypatch.delenv("TVM_COMBINERS_RECV_TIMEOUT", raising=False)
+    assert functions._seconds("TVM_COMBINERS_RECV_TIMEOUT", 300) == 300
+    monkeypatch.setenv("TVM_COMBINERS_RECV_TIMEOUT", "2.5")
+    assert functions._seconds("TVM_COMBINERS_RECV_TIMEOUT", 300) == 2.5
+    for bad in ("abc", "0", "-1", "inf", "nan"):
+        monkeypatch.setenv("TVM_COMBINERS_RECV_TIMEOUT", bad)
+        with pytest.raises(ValueError, match=re.escape(
+                f"TVM_COMBINERS_RECV_TIMEOUT must be a positive number of seconds, got {bad!r}")):
+            functions._seconds("TVM_COMBINERS_RECV_TIMEOUT", 300)
+
+
 def test_launch_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError, match=r"^tvm-combiners launch: the number of ranks must be a positive integer, got 0$"):
         launch_mod_func(0, ["python", "x.py"])

@@ -199,6 +199,18 @@ _SPIN_S = 0.002  # a recv polls without pause this long, then yields the core be
 _recv_timeout: list[float] = []  # read once
 
 
+def _seconds(env: str, default: float) -> float:
+    """A positive number of seconds from the environment variable ``env``."""
+    text = os.environ.get(env, "")
+    try:
+        value = float(text) if text else default
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise ValueError(f"{env} must be a positive number of seconds, got {text!r}")
+    return value
+
+
 def _reap() -> None:
     _pending[:] = [p for p in _pending if not p[0].Test()]
 
@@ -206,7 +218,7 @@ def _reap() -> None:
 def drain_sends(timeout: float | None = None) -> None:
     """Complete every pending send; after ``timeout`` s say which are stuck and abort the job."""
     if timeout is None:
-        timeout = float(os.environ.get(DRAIN_TIMEOUT_ENV, "60"))
+        timeout = _seconds(DRAIN_TIMEOUT_ENV, 60)
     deadline = time.monotonic() + timeout
     while _pending:
         _reap()
@@ -250,7 +262,7 @@ def _receive(name: str, channel_id: int, source: int, tag: int, buf: np.ndarray,
     if request.Test(status):
         return
     if not _recv_timeout:
-        _recv_timeout.append(float(os.environ.get(RECV_TIMEOUT_ENV, "300")))
+        _recv_timeout.append(_seconds(RECV_TIMEOUT_ENV, 300))
     timeout, start = _recv_timeout[0], time.monotonic()
     while not request.Test(status):
         waited = time.monotonic() - start
