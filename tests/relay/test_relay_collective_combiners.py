@@ -63,6 +63,17 @@ def test_chain_stays_two_and_skip_ahead_joins():
     _same_results(mod, new, params)
 
 
+def test_empty_collectives_are_left_alone():
+    """Review (2026-11-24): an allreduce of a (2, 0) tensor packed with others failed to type:
+    Relay's reshape reads the 0 in (2, 0) as "keep this axis". The non-empty ones still combine."""
+    params = [((2, 0), "float32"), ((3, 4), "float32"), ((5,), "float32")]
+    xs = _vars(*params)
+    mod = _mod(xs, [C.allreduce(x) for x in xs])
+    new, reports = _reports(CB.CombineCollectives, mod)
+    assert _count(new, "allreduce") == 2 and [(r.num_ops, r.nbytes) for r in reports] == [(2, 68)]
+    _same_results(mod, new, params)
+
+
 def test_groups_are_reported_in_program_order():
     params = [((4,), "float32"), ((4,), "float32"), ((2,), "float16"), ((2,), "float16")]
     xs = _vars(*params)

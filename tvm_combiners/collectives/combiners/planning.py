@@ -115,12 +115,14 @@ def plan_region(graph: Graph, keys: Sequence[Hashable | None], transfers: Sequen
                 threshold_bytes: int, threshold_count: int, max_op_bytes: int | None = None) -> RegionPlan:
     """Groups and a re-emission order for one region (``keys[i]``: node i's collective key or None).
 
-    Ops above ``max_op_bytes`` are left alone (packing them would cost more than it saves).
+    Ops above ``max_op_bytes`` are left alone (packing them would cost more than it saves), and so
+    are empty ones: nothing to move, and Relay's reshape reads a 0 in a shape as "keep this axis"
+    (an allreduce of a (2, 0) tensor packed with another failed to type).
     """
-    if max_op_bytes is not None:
-        small = [n.nbytes is not None and n.nbytes <= max_op_bytes for n in graph.nodes]
-        keys = [k if small[i] else None for i, k in enumerate(keys)]
-        transfers = [t for t in transfers if small[t[0]]]
+    fits = [not n.empty and (max_op_bytes is None or (n.nbytes is not None and n.nbytes <= max_op_bytes))
+            for n in graph.nodes]
+    keys = [k if fits[i] else None for i, k in enumerate(keys)]
+    transfers = [t for t in transfers if fits[t[0]]]
     shifted = _plan(_rooted(graph), [None, *keys], [(s + 1, r + 1, k) for s, r, k in transfers],
                     threshold_bytes, threshold_count)
     back = lambda members: [m - 1 for m in members]  # noqa: E731
