@@ -128,8 +128,8 @@ def main() -> None:
         out = empty((2,), "float32")
         try:
             fn["recv"]("0,1;1,0", 3, 0, out)
-        except Exception as err:  # noqa: BLE001 - the message is what the test checks
-            (out_dir / f"rank{me}.json").write_text(json.dumps({"error": str(err)}))
+        except Exception as err:  # noqa: BLE001 - the type and message are what the test checks
+            (out_dir / f"rank{me}.json").write_text(json.dumps({"error": f"{type(err).__name__}: {err}"}))
         fn["send"](tensor(data(me, (2,), "float32", 3)), "0,1;1,0", 3, 0, empty((), "int32"))
         fn["recv"]("0,1;1,0", 3, 0, out)  # the late send arrives whole: the cancelled recv took nothing
         np.savez(out_dir / f"rank{me}.npz", out=out.numpy())

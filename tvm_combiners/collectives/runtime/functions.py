@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..spec import AGREE_SHAPES, RUNTIME_PREFIX, checking_collectives
+from ..spec import AGREE_SHAPES, RUNTIME_PREFIX, checking_collectives, register_error_class
 from . import comm as _comm
 from . import tensors
 from .comm import Group, _routes, group, mpi, route
@@ -170,18 +170,26 @@ _CHECK = checking_collectives()
 _CALL_BYTES = 96  # how much of each rank's description a mismatch report shows
 
 
-def _payload_text(x: Any) -> str:
-    return f"{tuple(int(d) for d in x.shape)} {x.dtype}"
+_HEADER_BYTES = 1024  # a p2p check header: the dtype and every extent of a tensor of up to ~40 dims
+
+
+def _shape_text(x: Any) -> str:
+    return str(tuple(int(d) for d in x.shape))
 
 
 def _describe(x: Any, detail: str) -> str:
-    return f"{detail} of {_payload_text(x)}"
+    return f"{detail} of {_shape_text(x)} {x.dtype}"
 
 
-def _text_row(text: str) -> np.ndarray:
-    """``text`` as a fixed-size row of bytes, cut to ``_CALL_BYTES``, for a message of known size."""
-    row = np.zeros(_CALL_BYTES, np.uint8)
-    raw = text.encode()[:_CALL_BYTES]
+def _payload_text(x: Any) -> str:
+    """What a check-mode send says of its payload: the dtype first, so that a cut never drops it."""
+    return f"{x.dtype} {_shape_text(x)}"
+
+
+def _text_row(text: str, size: int = _CALL_BYTES) -> np.ndarray:
+    """``text`` as a fixed-size row of bytes, cut to ``size``, for a message of known size."""
+    row = np.zeros(size, np.uint8)
+    raw = text.encode()[:size]
     row[:len(raw)] = np.frombuffer(raw, np.uint8)
     return row
 
@@ -243,7 +251,7 @@ def send_np(name: str, pairs: str, channel_id: int, payload: np.ndarray) -> None
     MPI = mpi()
     tag = _comm.tag(channel_id)
     if _CHECK:  # the payload is bytes to MPI: say its shape first (messages of one tag keep their order)
-        header = _text_row(_payload_text(payload))
+        header = _text_row(_payload_text(payload), _HEADER_BYTES)
         _pending.append((MPI.COMM_WORLD.Isend([header, MPI.BYTE], peer.target, tag), header, channel_id, peer.target))
     request = MPI.COMM_WORLD.Isend([payload, MPI.BYTE], peer.target, tag)
     _pending.append((request, payload, channel_id, peer.target))
@@ -268,7 +276,9 @@ def _receive(name: str, channel_id: int, source: int, tag: int, buf: np.ndarray,
         waited = time.monotonic() - start
         if waited > timeout:
             request.Cancel()
-            request.Wait()
+            request.Wait(status)
+            if not status.Is_cancelled():  # it came while being cancelled: it is this recv's
+                return
             raise TimeoutError(f"{name}: channel {channel_id}: nothing came from rank {source} in {timeout:g} s: "
                                "a recv placed before the send it waits for never returns (run OrderSendRecv "
                                f"before building); if rank {source} is only slow, raise {RECV_TIMEOUT_ENV}")
@@ -281,7 +291,7 @@ def _check_header(name: str, channel_id: int, source: int, tag: int, out: np.nda
     of symbolic shape ``(n, m)`` = (4, 2) land in a (2, 4) recv. On a mismatch the payload is still
     received (into scratch), so that the sender is not left waiting."""
     MPI = mpi()
-    header = np.empty(_CALL_BYTES, np.uint8)
+    header = np.empty(_HEADER_BYTES, np.uint8)
     _receive(name, channel_id, source, tag, header, _status[0])
     sent, want = _row_text(header), _payload_text(out)
     if sent == want:
@@ -455,3 +465,4 @@ def register_all() -> None:
     """Register the contract's functions (idempotent: re-registration overrides)."""
     for fname, func in FUNCTIONS.items():
         tensors.register(fname, func)
+    register_error_class(TimeoutError)  # a recv's deadline reached compiled callers as RuntimeError
