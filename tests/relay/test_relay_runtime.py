@@ -9,6 +9,7 @@ float16, 0-d tensors) and ``runtime.disco.*`` called without ``in_group``.
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -48,3 +49,27 @@ def test_runtime_under_tvm_016_on_three_ranks(tmp_path: Path) -> None:
         for key, value in want.items():
             assert got[key].dtype == value.dtype and got[key].shape == value.shape, (rank, key)
             np.testing.assert_allclose(got[key], value, rtol=1e-6, err_msg=f"{key} on rank {rank}")
+
+
+def test_an_error_in_compiled_code_is_reported_with_its_message(tmp_path: Path) -> None:
+    """TVM 0.16's graph executor replaces a Python error raised in compiled code with an empty
+    ``TVMError:``: a recv placed before its send (no OrderSendRecv) failed both ranks with no word
+    of why. The rank says it on stderr, and launch reports that line."""
+    prog = tmp_path / "recv_first.py"
+    prog.write_text(
+        "import numpy as np, tvm\nfrom tvm import relay\nfrom tvm.contrib import graph_executor\n"
+        "import tvm_combiners.collectives.runtime\nfrom tvm_combiners.collectives import relay as C\n"
+        "x = relay.var('x', shape=(4,), dtype='float32')\npairs = [[0, 1], [1, 0]]\n"
+        "r = C.recv((4,), 'float32', pairs, channel_id=2)\ns = C.send(relay.add(x, r), pairs, channel_id=2)\n"
+        "mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], relay.Tuple([r, s]))))\n"
+        "with tvm.transform.PassContext(opt_level=3):\n"
+        "    lib = relay.build(mod, target='llvm -mtriple=x86_64-linux-gnu')\n"
+        "g = graph_executor.GraphModule(lib['default'](tvm.cpu()))\ng.set_input('x', np.ones(4, 'float32'))\ng.run()\n")
+    cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "2", "--timeout", "120",
+           "--", "python", str(prog)]
+    env = {**os.environ, "TVM_COMBINERS_RECV_TIMEOUT": "2"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150, env=env)
+    assert proc.returncode not in (0, 124), proc.stderr[-3000:]
+    for rank in range(2):
+        assert (f"tvm-combiners launch: rank {rank} failed: TimeoutError: tvm_combiners.recv: channel 2: nothing came "
+                f"from rank {1 - rank} in 2 s: a recv placed before the send it waits for never returns") in proc.stderr

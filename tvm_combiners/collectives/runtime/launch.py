@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ...host import on_start_cores, usable_cores
-from .rank_main import MARKER_DIR
+from .rank_main import LOST_ERROR_PREFIX, MARKER_DIR
 
 DEFAULT_TIMEOUT = 300.0
 PREFIX = "tvm-combiners launch"
@@ -69,8 +69,12 @@ def rank_command(argv: list[str]) -> list[str]:
 
 
 def rank_error(text: str) -> str | None:
-    """The error a rank's stderr reports: a traceback's last line, a fatal Python error, or MPI's abort."""
+    """The error a rank's stderr reports: the runtime's own line for an error TVM 0.16 loses, else a
+    traceback's last line, a fatal Python error, or MPI's abort."""
     lines = text.splitlines()
+    said = [ln[len(LOST_ERROR_PREFIX):].strip() for ln in lines if ln.startswith(LOST_ERROR_PREFIX)]
+    if said:
+        return said[-1]
     error = None
     for i, line in enumerate(lines):
         if line.startswith("Traceback (most recent call last):"):

@@ -17,6 +17,8 @@ import os
 import sys
 
 MARKER_DIR = "TVM_COMBINERS_LAUNCH_DIR"  # launch's folder, set by launch for the ranks
+#: How a rank says an error that TVM 0.16's compiled code would lose (``launch`` reports this line).
+LOST_ERROR_PREFIX = "tvm_combiners: error in a compiled call: "
 _RANK_PID = os.getpid()  # the rank itself, not a child forked from it
 
 

@@ -8,13 +8,16 @@ is built from the DLTensor's data pointer instead.  Both views alias the tensor'
 
 from __future__ import annotations
 
+import functools
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from .comm import mpi
+from .rank_main import LOST_ERROR_PREFIX
 
 CPU, CUDA, CUDA_HOST = 1, 2, 3
 
@@ -38,7 +41,23 @@ def register(name: str, func: Callable[..., Any]) -> None:
     if NEW_FFI:
         tvm_ffi.register_global_func(name, func, override=True)
     else:
-        tvm.register_func(name, func, override=True)
+        tvm.register_func(name, _saying_errors(func), override=True)
+
+
+def _saying_errors(func: Callable[..., Any]) -> Callable[..., Any]:
+    """TVM 0.16 keeps a Python error raised inside compiled code as an object its graph executor then
+    replaces with an empty ``TVMError:`` (a recv's timeout, a C4 violation: no message at all), so the
+    error is printed on stderr before it is raised."""
+
+    @functools.wraps(func)
+    def call(*args: Any) -> Any:
+        try:
+            return func(*args)
+        except Exception as err:
+            print(f"{LOST_ERROR_PREFIX}{type(err).__name__}: {err}", file=sys.stderr, flush=True)
+            raise
+
+    return call
 
 
 _dtypes: dict[Any, np.dtype] = {}
