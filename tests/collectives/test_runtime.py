@@ -466,6 +466,16 @@ def test_rank_error_reads_traceback_or_abort() -> None:
     assert rank_error("Fatal Python error: Segmentation fault\n\nCurrent thread 0x1:\n") == (
         "Fatal Python error: Segmentation fault")
     assert rank_error("just a warning\n") is None
+    # TVM 0.16 loses an error raised in compiled code (an empty "TVMError:"): the runtime's own line
+    # stands in for it, and only then (review: a caught error was reported for a rank that exited 0,
+    # and hid a later crash)
+    said = "tvm_combiners: a runtime function raised TimeoutError: tvm_combiners.recv: channel 2: nothing came\n"
+    lost = "Traceback (most recent call last):\n  File x\ntvm._ffi.base.TVMError: Traceback (most recent call last):\n" \
+           "  0: tvm::runtime::GraphExecutor::Run()\n\nTVMError: \n"
+    assert rank_error(said + lost) == "TimeoutError: tvm_combiners.recv: channel 2: nothing came"
+    assert rank_error(said) is None
+    assert rank_error(said + "Traceback (most recent call last):\n  File x\nValueError: the real crash\n") == (
+        "ValueError: the real crash")
 
 
 def test_each_rank_runs_on_its_own_gpu(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -72,9 +72,12 @@ def rank_error(text: str) -> str | None:
     """The error a rank's stderr reports: the runtime's own line for an error TVM 0.16 loses, else a
     traceback's last line, a fatal Python error, or MPI's abort."""
     lines = text.splitlines()
-    said = [ln[len(LOST_ERROR_PREFIX):].strip() for ln in lines if ln.startswith(LOST_ERROR_PREFIX)]
-    if said:
-        return said[-1]
+    said = None
+    for line in lines:  # the runtime's line counts only where TVM then failed with a bare "TVMError:"
+        if line.startswith(LOST_ERROR_PREFIX):
+            said = line[len(LOST_ERROR_PREFIX):].strip()
+        elif line.strip() == "TVMError:" and said is not None:
+            return said
     error = None
     for i, line in enumerate(lines):
         if line.startswith("Traceback (most recent call last):"):

@@ -17,8 +17,9 @@ import os
 import sys
 
 MARKER_DIR = "TVM_COMBINERS_LAUNCH_DIR"  # launch's folder, set by launch for the ranks
-#: How a rank says an error that TVM 0.16's compiled code would lose (``launch`` reports this line).
-LOST_ERROR_PREFIX = "tvm_combiners: error in a compiled call: "
+#: How a rank says an error that TVM 0.16's compiled code may lose (``launch`` reports this line where
+#: TVM then failed with an empty ``TVMError:``).
+LOST_ERROR_PREFIX = "tvm_combiners: a runtime function raised "
 _RANK_PID = os.getpid()  # the rank itself, not a child forked from it
 
 
