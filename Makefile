@@ -26,10 +26,22 @@ $(VENV_RELAY)/.installed: requirements/relay.txt requirements/constraints-relay.
 demo: $(VENV)/.installed
 	$(VENV)/bin/tvm-combiners run --target llvm --ir relax --batch 1 --seq 128
 
+# The two suites run side by side (each keeps about one core busy); TEST_SERIAL=1 runs one after the other.
+# The Relay suite's output is kept in $(RELAY_LOG) and printed when both are done.
+RELAY_LOG := .pytest-relay.log
 test: $(VENV)/.installed $(VENV_RELAY)/.installed
 	@status=0; \
-	$(MAKE) --no-print-directory test-main || status=1; \
-	$(MAKE) --no-print-directory test-relay || status=1; \
+	if [ -n "$(TEST_SERIAL)" ]; then \
+	  $(MAKE) --no-print-directory test-main || status=1; \
+	  $(MAKE) --no-print-directory test-relay || status=1; \
+	else \
+	  echo "make test: the Relay suite runs beside the main one (its output follows when both are done)"; \
+	  $(MAKE) --no-print-directory test-relay > $(RELAY_LOG) 2>&1 & relay=$$!; \
+	  trap 'kill $$relay 2>/dev/null' INT TERM; \
+	  $(MAKE) --no-print-directory test-main || status=1; \
+	  wait $$relay || status=1; \
+	  echo "----- Relay environment (tests/relay) -----"; cat $(RELAY_LOG); \
+	fi; \
 	exit $$status
 
 test-main: $(VENV)/.installed
@@ -59,4 +71,4 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) $(VENV_RELAY) *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VENV_RELAY) *.egg-info .pytest_cache .hypothesis $(RELAY_LOG)
