@@ -701,3 +701,25 @@ def test_float_min_and_max_give_every_rank_the_same_bits(tmp_path: Path) -> None
     for name in got[0].files:
         assert got[0][name].tobytes() == got[1][name].tobytes(), name
         assert np.isnan(got[0][name][2]) and np.isnan(got[0][name][3]), name  # NaN from either rank
+
+
+def test_check_mode_on_one_rank_only_is_named_not_misread(tmp_path: Path) -> None:
+    """TVM_COMBINERS_CHECK_COLLECTIVES set on rank 0 only (``launch`` gives every rank one environment,
+    a user's own mpiexec may not): rank 1 took rank 0's 1024-byte shape header for a 1024-byte payload
+    (exit 0), and rank 0 read rank 1's payload as a header and then waited in a Probe without limit.
+    Each recv now names the mismatch, takes what was sent, and the channel then works."""
+    proc = _run(2, "mixed_check", tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    env = "TVM_COMBINERS_CHECK_COLLECTIVES"
+    for receiver, sender, channels in ((1, 0, (6, 7, 8)), (0, 1, (9, 10))):
+        errors = json.loads((tmp_path / f"rank{receiver}.json").read_text())
+        here, there = ("this rank", "rank 1") if receiver == 0 else ("rank 0", "this rank")
+        want = {f"{c}|mixed": f"ValueError: tvm_combiners.recv: channel {c} from rank {sender}: {env} is set on "
+                              f"{here} but not on {there}: set it on every rank (a check header would be read "
+                              "as a payload)" for c in channels}
+        assert errors == want
+        got = np.load(tmp_path / f"rank{receiver}.npz")
+        assert sorted(got.files) == sorted(f"{c}|same" for c in channels)
+        for c in channels:
+            size = {6: 8, 7: 256, 8: 512, 9: 8, 10: 256}[c]
+            np.testing.assert_array_equal(got[f"{c}|same"], prog.data(sender, (size,), "float32", 2 * c + 1))

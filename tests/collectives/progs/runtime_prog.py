@@ -8,7 +8,7 @@ wait in a recv), ``hang`` (rank 1 sleeps while the others wait in a barrier; ``s
 ``fork_os_exit`` too after rank 0 ran a forked worker, which leaves through ``os._exit``;
 ``all_os_exit``: every rank leaves with ``os._exit(0)`` after the barrier), ``mismatch`` (rank 1
 multiplies where the others sum; a send of (4, 2) into a recv of (2, 4)), ``recv_first`` (each rank
-receives before it sends), ``shapes``
+receives before it sends), ``mixed_check`` (check mode on one rank only, each way), ``shapes``
 (compiled collectives of a symbolic extent, given equal and then rank-dependent shapes).
 """
 
@@ -133,6 +133,29 @@ def main() -> None:
         fn["send"](tensor(data(me, (2,), "float32", 3)), "0,1;1,0", 3, 0, empty((), "int32"))
         fn["recv"]("0,1;1,0", 3, 0, out)  # the late send arrives whole: the cancelled recv took nothing
         np.savez(out_dir / f"rank{me}.npz", out=out.numpy())
+        return
+    if mode == "mixed_check":  # TVM_COMBINERS_CHECK_COLLECTIVES on one rank only (a user's own mpiexec)
+        from tvm_combiners.collectives.runtime import functions
+
+        errors, got = {}, {}
+        for channel, (sender, size) in enumerate([(0, 8), (0, 256), (0, 512), (1, 8), (1, 256)], start=6):
+            functions._CHECK = me == 0  # rank 0 checks: as sender (channels 6-8), then as receiver
+            pairs = f"{sender},{1 - sender}"
+            for attempt in ("mixed", "same"):  # then both plain: the channel must hold nothing left over
+                if attempt == "same":
+                    functions._CHECK = False
+                if me == sender:
+                    payload = data(me, (size,), "float32", 2 * channel + (attempt == "same"))
+                    fn["send"](tensor(payload), pairs, channel, 0, empty((), "int32"))
+                    continue
+                out = empty((size,), "float32")
+                try:
+                    fn["recv"](pairs, channel, 0, out)
+                    got[f"{channel}|{attempt}"] = out.numpy()
+                except Exception as err:  # noqa: BLE001 - the type and message are what the test checks
+                    errors[f"{channel}|{attempt}"] = f"{type(err).__name__}: {err}"
+        np.savez(out_dir / f"rank{me}.npz", **got)
+        (out_dir / f"rank{me}.json").write_text(json.dumps(errors))
         return
     if mode == "mismatch":  # rank 1 multiplies where the others sum: MPI takes it, silently (float max
         # is a user op since 2026-11-24, and MPICH aborts on one mixed with its own SUM: not silent);

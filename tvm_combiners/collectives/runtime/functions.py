@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..spec import AGREE_SHAPES, RUNTIME_PREFIX, checking_collectives, register_error_class
+from ..spec import AGREE_SHAPES, CHECK_COLLECTIVES_ENV, RUNTIME_PREFIX, checking_collectives, register_error_class
 from . import comm as _comm
 from . import tensors
 from .comm import Group, _routes, group, mpi, route
@@ -171,6 +171,9 @@ _CALL_BYTES = 96  # how much of each rank's description a mismatch report shows
 
 
 _HEADER_BYTES = 1024  # a p2p check header: the dtype and every extent of a tensor of up to ~40 dims
+# A header starts with this, so that a rank without check mode knows one it was sent, and one with it
+# knows a payload sent without one (CHECK_COLLECTIVES_ENV set on some ranks only: a user's own mpiexec).
+_HEADER_MAGIC = b"tvm_combiners check header\0"
 
 
 def _shape_text(x: Any) -> str:
@@ -251,7 +254,7 @@ def send_np(name: str, pairs: str, channel_id: int, payload: np.ndarray) -> None
     MPI = mpi()
     tag = _comm.tag(channel_id)
     if _CHECK:  # the payload is bytes to MPI: say its shape first (messages of one tag keep their order)
-        header = _text_row(_payload_text(payload), _HEADER_BYTES)
+        header = _text_row(_HEADER_MAGIC.decode() + _payload_text(payload), _HEADER_BYTES)
         _pending.append((MPI.COMM_WORLD.Isend([header, MPI.BYTE], peer.target, tag), header, channel_id, peer.target))
     request = MPI.COMM_WORLD.Isend([payload, MPI.BYTE], peer.target, tag)
     _pending.append((request, payload, channel_id, peer.target))
@@ -260,24 +263,21 @@ def send_np(name: str, pairs: str, channel_id: int, payload: np.ndarray) -> None
         _drain_registered = True
 
 
-def _receive(name: str, channel_id: int, source: int, tag: int, buf: np.ndarray, status: Any) -> None:
-    """Receive the next message of ``tag`` from ``source`` into ``buf``, waiting ``TVM_COMBINERS_RECV_TIMEOUT``
-    s (300) at most. A recv placed before the send it waits for (Relay without ``OrderSendRecv``: its
-    lowering sees one op at a time) blocked forever outside ``launch``; now each rank so placed
-    raises. A long wait yields the core: ranks may outnumber cores, and the peer is computing."""
-    MPI = mpi()
-    request = MPI.COMM_WORLD.Irecv([buf, MPI.BYTE], source, tag)
-    if request.Test(status):
+def _wait(name: str, channel_id: int, source: int, ready: Any, cancelled: Any) -> None:
+    """Poll ``ready()`` until it holds, for ``TVM_COMBINERS_RECV_TIMEOUT`` s (300) at most; then raise
+    unless ``cancelled()`` says the awaited message came after all. A recv placed before the send it
+    waits for (Relay without ``OrderSendRecv``: its lowering sees one op at a time) blocked forever
+    outside ``launch``; now each rank so placed raises. A long wait yields the core: ranks may
+    outnumber cores, and the peer is computing."""
+    if ready():
         return
     if not _recv_timeout:
         _recv_timeout.append(_seconds(RECV_TIMEOUT_ENV, 300))
     timeout, start = _recv_timeout[0], time.monotonic()
-    while not request.Test(status):
+    while not ready():
         waited = time.monotonic() - start
         if waited > timeout:
-            request.Cancel()
-            request.Wait(status)
-            if not status.Is_cancelled():  # it came while being cancelled: it is this recv's
+            if not cancelled():
                 return
             raise TimeoutError(f"{name}: channel {channel_id}: nothing came from rank {source} in {timeout:g} s: "
                                "a recv placed before the send it waits for never returns (run OrderSendRecv "
@@ -286,19 +286,59 @@ def _receive(name: str, channel_id: int, source: int, tag: int, buf: np.ndarray,
             time.sleep(0.00005)
 
 
+def _receive(name: str, channel_id: int, source: int, tag: int, buf: np.ndarray, status: Any) -> None:
+    """Receive the next message of ``tag`` from ``source`` into ``buf`` (see :func:`_wait`)."""
+    MPI = mpi()
+    request = MPI.COMM_WORLD.Irecv([buf, MPI.BYTE], source, tag)
+
+    def cancelled() -> bool:
+        request.Cancel()
+        request.Wait(status)
+        return status.Is_cancelled()  # False: it came while being cancelled, and it is this recv's
+
+    _wait(name, channel_id, source, lambda: request.Test(status), cancelled)
+
+
+def _next_size(name: str, channel_id: int, source: int, tag: int, status: Any) -> int:
+    """The byte count of the next message of ``tag`` from ``source``, once it has come."""
+    MPI = mpi()
+    _wait(name, channel_id, source, lambda: MPI.COMM_WORLD.Iprobe(source, tag, status), lambda: True)
+    return status.Get_count(MPI.BYTE)
+
+
+def _discard_next(name: str, channel_id: int, source: int, tag: int, status: Any) -> None:
+    """Take the next message of ``tag`` from ``source`` and drop it, so that its sender is not left waiting."""
+    size = _next_size(name, channel_id, source, tag, status)
+    _receive(name, channel_id, source, tag, np.empty(size, np.uint8), status)
+
+
+def _is_header(buf: np.ndarray) -> bool:
+    """Whether ``buf`` starts with a check-mode header (or is a cut-off start of one)."""
+    raw = buf.reshape(-1).view(np.uint8)
+    n = min(raw.size, len(_HEADER_MAGIC))
+    return n >= 8 and bytes(raw[:n]) == _HEADER_MAGIC[:n]
+
+
+def _mode_error(name: str, channel_id: int, source: int, checking_here: bool) -> ValueError:
+    here, there = ("this rank", f"rank {source}") if checking_here else (f"rank {source}", "this rank")
+    return ValueError(f"{name}: channel {channel_id} from rank {source}: {CHECK_COLLECTIVES_ENV} is set on {here} "
+                      f"but not on {there}: set it on every rank (a check header would be read as a payload)")
+
+
 def _check_header(name: str, channel_id: int, source: int, tag: int, out: np.ndarray) -> None:
     """Check mode: compare what the send says it sent with ``out``. The byte count alone lets a send
     of symbolic shape ``(n, m)`` = (4, 2) land in a (2, 4) recv. On a mismatch the payload is still
-    received (into scratch), so that the sender is not left waiting."""
-    MPI = mpi()
-    header = np.empty(_HEADER_BYTES, np.uint8)
-    _receive(name, channel_id, source, tag, header, _status[0])
-    sent, want = _row_text(header), _payload_text(out)
+    taken, so that its sender is not left waiting."""
+    status = _status[0]
+    size = _next_size(name, channel_id, source, tag, status)
+    first = np.empty(size, np.uint8)
+    _receive(name, channel_id, source, tag, first, status)
+    if size != _HEADER_BYTES or not _is_header(first):  # the payload itself: its sender does not check
+        raise _mode_error(name, channel_id, source, True)
+    sent, want = _row_text(first[len(_HEADER_MAGIC):]), _payload_text(out)
     if sent == want:
         return
-    status = _status[0]
-    MPI.COMM_WORLD.Probe(source, tag, status)
-    MPI.COMM_WORLD.Recv([np.empty(status.Get_count(MPI.BYTE), np.uint8), MPI.BYTE], source, tag)
+    _discard_next(name, channel_id, source, tag, status)
     raise ValueError(f"{name}: channel {channel_id} from rank {source} sent {sent}, but the recv expects {want}: "
                      "the send's shape or dtype differs from the recv's")
 
@@ -315,10 +355,16 @@ def recv_np(name: str, pairs: str, channel_id: int, out: np.ndarray) -> None:
             _check_header(name, channel_id, peer.source, tag, out)
         try:
             _receive(name, channel_id, peer.source, tag, out, status)
+            got = status.Get_count(MPI.BYTE)
         except MPI.Exception as err:
+            if not _CHECK and _is_header(out):
+                _discard_next(name, channel_id, peer.source, tag, status)
+                raise _mode_error(name, channel_id, peer.source, False) from None
             raise ValueError(f"{name}: channel {channel_id} from rank {peer.source}: {err.Get_error_string()} "
                              f"(the send's payload is larger than the {out.nbytes}-byte recv buffer)") from None
-        got = status.Get_count(MPI.BYTE)
+        if got == _HEADER_BYTES and not _CHECK and _is_header(out):  # the peer checks, this rank does not
+            _discard_next(name, channel_id, peer.source, tag, status)
+            raise _mode_error(name, channel_id, peer.source, False)
         if got != out.nbytes:
             raise ValueError(f"{name}: channel {channel_id} from rank {peer.source} brought {got} bytes, "
                              f"expected {out.nbytes}: the send's shape or dtype differs from the recv's")
