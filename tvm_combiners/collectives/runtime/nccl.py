@@ -19,6 +19,7 @@ import math
 import os
 import socket
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -137,11 +138,11 @@ def nccl_group(groups: str, grp: Group, device_id: int) -> NcclGroup | None:
     return found
 
 
-def _stream(t: Any) -> int:
-    return tensors.current_stream(t)
-
-
-_staged = tensors.host_copy
+def _on_host(x: Any, out: Any, collective_np: Callable[[np.ndarray, np.ndarray], None]) -> None:
+    """Host-staged MPI: ``collective_np(host copy of x, host result)``, then the result into ``out``."""
+    staged = np.empty(tuple(out.shape), tensors.np_dtype(out))
+    collective_np(tensors.host_copy(x), staged)
+    out.copyfrom(staged)
 
 
 def _leading(shape: tuple[int, ...], axis: int) -> bool:
@@ -171,43 +172,35 @@ def _nccl_reduces(ng: NcclGroup, op: str, x: Any) -> bool:
 def allreduce(name: str, groups: str, grp: Group, x: Any, op: str, out: Any) -> None:
     ng = _nccl_for(groups, grp, x)
     if ng is None or not _nccl_reduces(ng, op, x):
-        staged = np.empty(tuple(out.shape), tensors.np_dtype(out))
-        allreduce_np(name, grp, _staged(x), op, staged)
-        out.copyfrom(staged)
+        _on_host(x, out, lambda host, result: allreduce_np(name, grp, host, op, result))
         return
     check_shape(name, "out", tuple(out.shape), tuple(x.shape))
-    ng.comm.allreduce(_Array(x), _Array(out), ng.ops[op], stream=_stream(x))
+    ng.comm.allreduce(_Array(x), _Array(out), ng.ops[op], stream=tensors.current_stream(x))
 
 
 def allgather(name: str, groups: str, grp: Group, x: Any, axis: int, out: Any) -> None:
     ng = _nccl_for(groups, grp, x)
     if ng is None or not _leading(tuple(x.shape), int(axis)):
-        staged = np.empty(tuple(out.shape), tensors.np_dtype(out))
-        allgather_np(name, grp, _staged(x), axis, staged)
-        out.copyfrom(staged)
+        _on_host(x, out, lambda host, result: allgather_np(name, grp, host, axis, result))
         return
     check_shape(name, "out", tuple(out.shape), gathered_shape(name, tuple(x.shape), axis, grp.size)[1])
-    ng.comm.allgather(_Array(x), _Array(out), stream=_stream(x))
+    ng.comm.allgather(_Array(x), _Array(out), stream=tensors.current_stream(x))
 
 
 def reduce_scatter(name: str, groups: str, grp: Group, x: Any, op: str, axis: int, out: Any) -> None:
     ng = _nccl_for(groups, grp, x)
     if (ng is None or not _nccl_reduces(ng, op, x) or not _leading(tuple(x.shape), int(axis))
             or tuple(x.shape)[int(axis)] % grp.size):
-        staged = np.empty(tuple(out.shape), tensors.np_dtype(out))
-        reduce_scatter_np(name, grp, _staged(x), op, axis, staged)
-        out.copyfrom(staged)
+        _on_host(x, out, lambda host, result: reduce_scatter_np(name, grp, host, op, axis, result))
         return
     check_shape(name, "out", tuple(out.shape), scattered_shape(name, tuple(x.shape), axis, grp.size)[1])
-    ng.comm.reduce_scatter(_Array(x), _Array(out), ng.ops[op], stream=_stream(x))
+    ng.comm.reduce_scatter(_Array(x), _Array(out), ng.ops[op], stream=tensors.current_stream(x))
 
 
 def broadcast(name: str, groups: str, grp: Group, x: Any, out: Any) -> None:
     ng = _nccl_for(groups, grp, x)
     if ng is None:
-        staged = np.empty(tuple(out.shape), tensors.np_dtype(out))
-        broadcast_np(name, grp, _staged(x), staged)
-        out.copyfrom(staged)
+        _on_host(x, out, lambda host, result: broadcast_np(name, grp, host, result))
         return
     check_shape(name, "out", tuple(out.shape), tuple(x.shape))
-    ng.comm.broadcast(_Array(x), _Array(out), 0, stream=_stream(x))
+    ng.comm.broadcast(_Array(x), _Array(out), 0, stream=tensors.current_stream(x))
