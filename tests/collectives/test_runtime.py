@@ -711,7 +711,7 @@ def test_check_mode_on_one_rank_only_is_named_not_misread(tmp_path: Path) -> Non
     proc = _run(2, "mixed_check", tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     env = "TVM_COMBINERS_CHECK_COLLECTIVES"
-    for receiver, sender, channels in ((1, 0, (6, 7, 8)), (0, 1, (9, 10))):
+    for receiver, sender, channels in ((1, 0, (6, 7, 8, 11)), (0, 1, (9, 10))):
         errors = json.loads((tmp_path / f"rank{receiver}.json").read_text())
         here, there = ("this rank", "rank 1") if receiver == 0 else ("rank 0", "this rank")
         want = {f"{c}|mixed": f"ValueError: tvm_combiners.recv: channel {c} from rank {sender}: {env} is set on "
@@ -721,5 +721,5 @@ def test_check_mode_on_one_rank_only_is_named_not_misread(tmp_path: Path) -> Non
         got = np.load(tmp_path / f"rank{receiver}.npz")
         assert sorted(got.files) == sorted(f"{c}|same" for c in channels)
         for c in channels:
-            size = {6: 8, 7: 256, 8: 512, 9: 8, 10: 256}[c]
+            size = {6: 8, 7: 256, 8: 512, 9: 8, 10: 256, 11: 1}[c]
             np.testing.assert_array_equal(got[f"{c}|same"], prog.data(sender, (size,), "float32", 2 * c + 1))

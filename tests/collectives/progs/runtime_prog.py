@@ -138,8 +138,8 @@ def main() -> None:
         from tvm_combiners.collectives.runtime import functions
 
         errors, got = {}, {}
-        for channel, (sender, size) in enumerate([(0, 8), (0, 256), (0, 512), (1, 8), (1, 256)], start=6):
-            functions._CHECK = me == 0  # rank 0 checks: as sender (channels 6-8), then as receiver
+        for channel, (sender, size) in enumerate([(0, 8), (0, 256), (0, 512), (1, 8), (1, 256), (0, 1)], start=6):
+            functions._CHECK = me == 0  # rank 0 checks: as sender (channels 6-8, 11), as receiver (9, 10)
             pairs = f"{sender},{1 - sender}"
             for attempt in ("mixed", "same"):  # then both plain: the channel must hold nothing left over
                 if attempt == "same":
