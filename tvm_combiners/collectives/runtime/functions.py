@@ -14,6 +14,7 @@ import os
 import sys
 import time
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -263,7 +264,7 @@ def send_np(name: str, pairs: str, channel_id: int, payload: np.ndarray) -> None
         _drain_registered = True
 
 
-def _wait(name: str, channel_id: int, source: int, ready: Any, cancelled: Any) -> None:
+def _wait(name: str, channel_id: int, source: int, ready: Callable[[], bool], cancelled: Callable[[], bool]) -> None:
     """Poll ``ready()`` until it holds, for ``TVM_COMBINERS_RECV_TIMEOUT`` s (300) at most; then raise
     unless ``cancelled()`` says the awaited message came after all. A recv placed before the send it
     waits for (Relay without ``OrderSendRecv``: its lowering sees one op at a time) blocked forever
