@@ -138,17 +138,19 @@ def main() -> None:
         from tvm_combiners.collectives.runtime import functions
 
         errors, got = {}, {}
-        for channel, (sender, size) in enumerate([(0, 8), (0, 256), (0, 512), (1, 8), (1, 256), (0, 1)], start=6):
-            functions._CHECK = me == 0  # rank 0 checks: as sender (channels 6-8, 11), as receiver (9, 10)
+        cases = [(0, 8, "float32"), (0, 256, "float32"), (0, 512, "float32"), (1, 8, "float32"), (1, 256, "float32"),
+                 (0, 1, "float32"), (0, 3, "int8")]
+        for channel, (sender, size, dtype) in enumerate(cases, start=6):
+            functions._CHECK = me == 0  # rank 0 checks: as sender (channels 6-8, 11, 12), as receiver (9, 10)
             pairs = f"{sender},{1 - sender}"
             for attempt in ("mixed", "same"):  # then both plain: the channel must hold nothing left over
                 if attempt == "same":
                     functions._CHECK = False
                 if me == sender:
-                    payload = data(me, (size,), "float32", 2 * channel + (attempt == "same"))
+                    payload = data(me, (size,), dtype, 2 * channel + (attempt == "same"))
                     fn["send"](tensor(payload), pairs, channel, 0, empty((), "int32"))
                     continue
-                out = empty((size,), "float32")
+                out = empty((size,), dtype)
                 try:
                     fn["recv"](pairs, channel, 0, out)
                     got[f"{channel}|{attempt}"] = out.numpy()

@@ -190,6 +190,10 @@ def _payload_text(x: Any) -> str:
     return f"{x.dtype} {_shape_text(x)}"
 
 
+def _header_row(x: Any) -> np.ndarray:
+    return _text_row(_HEADER_MAGIC.decode() + _payload_text(x), _HEADER_BYTES)
+
+
 def _text_row(text: str, size: int = _CALL_BYTES) -> np.ndarray:
     """``text`` as a fixed-size row of bytes, cut to ``size``, for a message of known size."""
     row = np.zeros(size, np.uint8)
@@ -255,7 +259,7 @@ def send_np(name: str, pairs: str, channel_id: int, payload: np.ndarray) -> None
     MPI = mpi()
     tag = _comm.tag(channel_id)
     if _CHECK:  # the payload is bytes to MPI: say its shape first (messages of one tag keep their order)
-        header = _text_row(_HEADER_MAGIC.decode() + _payload_text(payload), _HEADER_BYTES)
+        header = _header_row(payload)
         _pending.append((MPI.COMM_WORLD.Isend([header, MPI.BYTE], peer.target, tag), header, channel_id, peer.target))
     request = MPI.COMM_WORLD.Isend([payload, MPI.BYTE], peer.target, tag)
     _pending.append((request, payload, channel_id, peer.target))
@@ -265,16 +269,15 @@ def send_np(name: str, pairs: str, channel_id: int, payload: np.ndarray) -> None
 
 
 def _wait(name: str, channel_id: int, source: int, ready: Callable[[], bool], cancelled: Callable[[], bool]) -> None:
-    """Poll ``ready()`` until it holds, for ``TVM_COMBINERS_RECV_TIMEOUT`` s (300) at most; then raise
+    """Poll ``ready()`` until it holds, for ``TVM_COMBINERS_RECV_TIMEOUT`` s (300) at most (each wait of a
+    recv: a check-mode recv waits for its header, then its payload); then raise
     unless ``cancelled()`` says the awaited message came after all. A recv placed before the send it
     waits for (Relay without ``OrderSendRecv``: its lowering sees one op at a time) blocked forever
     outside ``launch``; now each rank so placed raises. A long wait yields the core: ranks may
     outnumber cores, and the peer is computing."""
     if ready():
         return
-    if not _recv_timeout:
-        _recv_timeout.append(_seconds(RECV_TIMEOUT_ENV, 300))
-    timeout, start = _recv_timeout[0], time.monotonic()
+    timeout, start = _recv_timeout_s(), time.monotonic()
     while not ready():
         waited = time.monotonic() - start
         if waited > timeout:
@@ -287,8 +290,15 @@ def _wait(name: str, channel_id: int, source: int, ready: Callable[[], bool], ca
             time.sleep(0.00005)
 
 
+def _recv_timeout_s() -> float:
+    if not _recv_timeout:
+        _recv_timeout.append(_seconds(RECV_TIMEOUT_ENV, 300))
+    return _recv_timeout[0]
+
+
 def _receive(name: str, channel_id: int, source: int, tag: int, buf: np.ndarray, status: Any) -> None:
     """Receive the next message of ``tag`` from ``source`` into ``buf`` (see :func:`_wait`)."""
+    _recv_timeout_s()  # a bad value raises before a recv is posted (a posted one would take a later message)
     MPI = mpi()
     request = MPI.COMM_WORLD.Irecv([buf, MPI.BYTE], source, tag)
 
@@ -336,9 +346,10 @@ def _check_header(name: str, channel_id: int, source: int, tag: int, out: np.nda
     _receive(name, channel_id, source, tag, first, status)
     if size != _HEADER_BYTES or not _is_header(first):  # the payload itself: its sender does not check
         raise _mode_error(name, channel_id, source, True)
-    sent, want = _row_text(first[len(_HEADER_MAGIC):]), _payload_text(out)
-    if sent == want:
+    want = _header_row(out)  # cut as the send's was
+    if np.array_equal(first, want):
         return
+    sent, want = (_row_text(row[len(_HEADER_MAGIC):]) for row in (first, want))
     _discard_next(name, channel_id, source, tag, status)
     raise ValueError(f"{name}: channel {channel_id} from rank {source} sent {sent}, but the recv expects {want}: "
                      "the send's shape or dtype differs from the recv's")
@@ -361,8 +372,12 @@ def recv_np(name: str, pairs: str, channel_id: int, out: np.ndarray) -> None:
             if not _CHECK and _is_header(out):
                 _discard_next(name, channel_id, peer.source, tag, status)
                 raise _mode_error(name, channel_id, peer.source, False) from None
+            maybe = ""
+            if not _CHECK and out.nbytes < 4 and bytes(out.reshape(-1).view(np.uint8)) == _HEADER_MAGIC[:out.nbytes]:
+                maybe = (f", or {CHECK_COLLECTIVES_ENV} is set on rank {peer.source} but not on this rank (then the "
+                         "channel is a message behind: set it on every rank)")
             raise ValueError(f"{name}: channel {channel_id} from rank {peer.source}: {err.Get_error_string()} "
-                             f"(the send's payload is larger than the {out.nbytes}-byte recv buffer)") from None
+                             f"(the send's payload is larger than the {out.nbytes}-byte recv buffer{maybe})") from None
         if got == _HEADER_BYTES and not _CHECK and _is_header(out):  # the peer checks, this rank does not
             _discard_next(name, channel_id, peer.source, tag, status)
             raise _mode_error(name, channel_id, peer.source, False)
