@@ -395,6 +395,20 @@ def test_runtime_timeouts_from_the_environment_are_checked(monkeypatch: pytest.M
         with pytest.raises(ValueError, match=re.escape(
                 f"TVM_COMBINERS_RECV_TIMEOUT must be a positive number of seconds, got {bad!r}")):
             functions._seconds("TVM_COMBINERS_RECV_TIMEOUT", 300)
+    # review: a recv posted before the value was read stayed posted, and took a later message
+    posted: list[int] = []
+
+    class MPI:
+        BYTE = None
+
+        class COMM_WORLD:
+            Irecv = staticmethod(lambda *args: posted.append(1))
+
+    monkeypatch.setattr(functions, "mpi", lambda: MPI)
+    monkeypatch.setattr(functions, "_recv_timeout", [])
+    with pytest.raises(ValueError, match="^TVM_COMBINERS_RECV_TIMEOUT must be"):
+        functions._receive("r", 3, 1, 3, np.zeros(2), None)
+    assert posted == []
 
 
 def test_launch_rejects_bad_arguments() -> None:
