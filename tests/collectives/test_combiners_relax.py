@@ -278,6 +278,31 @@ def test_self_dependent_transfers_stay_apart():
     assert CB.SendRecvCombiner()(mod).same_as(mod)
 
 
+@pytest.mark.parametrize("host", [False, True])
+def test_sends_of_one_channel_keep_their_order(host):
+    """An allreduce group must wait for its last member's input, which comes after the second send
+    of channel 1, and the first send reads the group's result: the combiner moved the first send
+    after the second, so each recv of the channel got the other's payload. ``host``: the two
+    transfers differ (one is a host transfer), so they cannot travel as one either."""
+    params = [((4,), "float32")] * 3
+
+    def body(bb, xs):
+        a1 = bb.emit(CR.allreduce(xs[0]))
+        bb.emit(CR.send(bb.emit(relax.op.add(a1, relax.const(100.0))), [[0, 0]], channel_id=1))
+        bb.emit(CR.send(xs[1], [[0, 0]], channel_id=1, is_host_transfer=host))
+        a2 = bb.emit(CR.allreduce(bb.emit(relax.op.multiply(xs[2], relax.const(2.0)))))
+        recvs = [bb.emit(CR.recv((4,), "float32", [[0, 0]], channel_id=1, is_host_transfer=host and k == 1))
+                 for k in range(2)]
+        return [a1, a2, *recvs]
+
+    mod = _fn(params, body)
+    for factory, allreduces, sends in ((CB.AllReduceCombiner, 1, 2), (CB.SendRecvCombiner, 2, 2 if host else 1),
+                                       (CB.CombineCollectives, 1, 2 if host else 1)):
+        new = factory()(mod)
+        assert (_count(new, "allreduce"), _count(new, "send")) == (allreduces, sends), factory.__name__
+        _same_results(mod, new, _args(params))
+
+
 # --------------------------------------------------------------------------- passes
 
 

@@ -79,12 +79,22 @@ class OrderPlan:
     order: list[int]
     #: (send index, recv index) of every transfer.
     matches: list[tuple[int, int]]
-    #: (earlier, later) sends, and recvs, of one channel: their order must be kept.
-    chains: list[tuple[int, int]]
+    #: The sends, and the recvs, of each channel in the order MPI matches them: a reordering must
+    #: keep it (two sends of one channel swapped hand each recv the other's payload).
+    sequences: list[list[int]]
 
     @property
     def changed(self) -> bool:
         return self.order != sorted(self.order)
+
+    @property
+    def chains(self) -> list[tuple[int, int]]:
+        """(earlier, later) consecutive sends, and recvs, of one channel."""
+        return sequence_edges(self.sequences)
+
+
+def sequence_edges(sequences: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
+    return [(a, b) for seq in sequences for a, b in zip(seq, seq[1:])]
 
 
 def _ordinal(k: int) -> str:
@@ -149,8 +159,8 @@ def plan_send_recv_order(nodes: Sequence[OrderNode], where: str) -> OrderPlan:
                     )
 
     preds: list[set[int]] = [set(node.deps) for node in nodes]
-    chains = [(a, b) for chain in [*sends.values(), *recvs.values()] for a, b in zip(chain, chain[1:])]
-    for a, b in chains + list(zip(effects, effects[1:])) + matches:
+    sequences = [*sends.values(), *recvs.values()]
+    for a, b in sequence_edges(sequences) + list(zip(effects, effects[1:])) + matches:
         preds[b].add(a)
     users: list[list[int]] = [[] for _ in nodes]
     for i, p in enumerate(preds):
@@ -172,7 +182,7 @@ def plan_send_recv_order(nodes: Sequence[OrderNode], where: str) -> OrderPlan:
         for u in users[i]:
             due[i] = min(due[i], due[u])
     order = _topological(preds, users, due)
-    return OrderPlan(order=order, matches=matches, chains=chains)
+    return OrderPlan(order=order, matches=matches, sequences=sequences)
 
 
 def _topological(preds: list[set[int]], users: list[list[int]], priority: list[int]) -> list[int]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ...core.combine_by_key import combine_by_key
 from ...core.graph import Graph, Reachability, contracted_order
+from ..ordering import sequence_edges
 
 
 @dataclass
@@ -96,38 +97,71 @@ def group_transfers(graph: Graph, groups: Sequence[Sequence[int]], transfers: Se
     return sorted(out, key=lambda pair: pair[0][0])
 
 
-def _rooted(graph: Graph) -> Graph:
-    """The graph behind one entry node that every dependency-free node reads.
+def _rooted(graph: Graph, edges: Sequence[tuple[int, int]] = ()) -> Graph:
+    """The graph, with ``edges`` (earlier, later) added, behind one entry node that every
+    dependency-free node reads.
 
     ``combine_by_key`` proves its groups acyclic while skipping nodes without dependencies (as
     leaves), which is sound only if no such node is in a group; a collective of a function
     parameter is one. Behind the entry node no group member is dependency-free.
     """
+    extra: dict[int, set[int]] = {}
+    for a, b in edges:
+        extra.setdefault(b, set()).add(a)
     out = Graph(dtype_bits=graph.dtype_bits)
     out.add(op="entry", operands=(), deps=(), shape=None, dtype=None)
     for node in graph.nodes:
-        deps = tuple(d + 1 for d in node.deps) or (0,)
+        deps = tuple(d + 1 for d in sorted({*node.deps, *extra.get(node.index, ())})) or (0,)
         out.add(op=node.op, operands=(), deps=deps, shape=node.shape, dtype=node.dtype, bits=node.bits)
     return out
 
 
 def plan_region(graph: Graph, keys: Sequence[Hashable | None], transfers: Sequence[tuple[int, int, Hashable]],
-                threshold_bytes: int, threshold_count: int, max_op_bytes: int | None = None) -> RegionPlan:
+                threshold_bytes: int, threshold_count: int, max_op_bytes: int | None = None,
+                channels: Sequence[Sequence[int]] = ()) -> RegionPlan:
     """Groups and a re-emission order for one region (``keys[i]``: node i's collective key or None).
 
     Ops above ``max_op_bytes`` are left alone (packing them would cost more than it saves), and so
     are empty ones: nothing to move, and Relay's reshape reads a 0 in a shape as "keep this axis"
     (an allreduce of a (2, 0) tensor packed with another failed to type).
+
+    ``channels``: the sends, and the recvs, of each channel in the order MPI matches them. Those left
+    on their channel must keep that order (a combined transfer gets a channel of its own): an
+    allreduce group placed after one send of a channel and before the send of its own input's
+    reader swapped two sends, and each recv got the other's payload. Where the plan would reorder
+    them, the region is planned again with each channel's order as edges (which keeps two
+    transfers of one channel from combining); where that is not possible, nothing changes.
     """
     fits = [not n.empty and (max_op_bytes is None or (n.nbytes is not None and n.nbytes <= max_op_bytes))
             for n in graph.nodes]
     keys = [k if fits[i] else None for i, k in enumerate(keys)]
     transfers = [t for t in transfers if fits[t[0]]]
-    shifted = _plan(_rooted(graph), [None, *keys], [(s + 1, r + 1, k) for s, r, k in transfers],
+    plan = _plan_rooted(graph, keys, transfers, threshold_bytes, threshold_count, [])
+    if _keeps_channel_order(plan, channels):
+        return plan
+    edges = sequence_edges(channels)
+    if any(a >= b for a, b in edges):  # the graph's order is not the channel's: nothing is provable
+        return RegionPlan([], [], list(range(len(graph))))
+    return _plan_rooted(graph, keys, transfers, threshold_bytes, threshold_count, edges)
+
+
+def _plan_rooted(graph: Graph, keys: Sequence[Hashable | None], transfers: Sequence[tuple[int, int, Hashable]],
+                 threshold_bytes: int, threshold_count: int, edges: Sequence[tuple[int, int]]) -> RegionPlan:
+    shifted = _plan(_rooted(graph, edges), [None, *keys], [(s + 1, r + 1, k) for s, r, k in transfers],
                     threshold_bytes, threshold_count)
     back = lambda members: [m - 1 for m in members]  # noqa: E731
     order = [u if u < 0 else u - 1 for u in shifted.order if u != 0]
     return RegionPlan([back(g) for g in shifted.groups], [(back(s), back(r)) for s, r in shifted.transfers], order)
+
+
+def _keeps_channel_order(plan: RegionPlan, channels: Sequence[Sequence[int]]) -> bool:
+    """Whether the sends, and the recvs, that stay on each channel are emitted in the channel's order."""
+    at = {u: k for k, u in enumerate(plan.order) if u >= 0}
+    for seq in channels:
+        kept = [at[i] for i in seq if i in at]
+        if kept != sorted(kept):
+            return False
+    return True
 
 
 def _plan(graph: Graph, keys: Sequence[Hashable | None], transfers: Sequence[tuple[int, int, Hashable]],

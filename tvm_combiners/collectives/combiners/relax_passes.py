@@ -155,11 +155,13 @@ class _FunctionCombiner:
         for op, d in zip(ops, deps):
             shape, dtype = (op.shape, op.dtype) if op is not None else (None, None)
             graph.add(op="unit", operands=(), deps=tuple(sorted(d)), shape=shape, dtype=dtype)
-        transfers = self._match(graph, units, ops) if not dataflow else []
-        if transfers is None:
+        matched = self._match(graph, units, ops) if not dataflow else ([], [])
+        if matched is None:
             return units, False
+        transfers, channels = matched
         keys = [op.key if op is not None and op.family not in ("send", "recv") else None for op in ops]
-        plan = plan_region(graph, keys, transfers, self.opts.threshold_bytes, self.opts.threshold_count, self.cap)
+        plan = plan_region(graph, keys, transfers, self.opts.threshold_bytes, self.opts.threshold_count, self.cap,
+                           channels)
         if not plan.changed:
             return units, False
         groups = plan.units
@@ -185,14 +187,15 @@ class _FunctionCombiner:
         return out, True
 
     def _match(self, graph: Graph, units: list[tuple[Any, bool]],
-               ops: list[_Op | None]) -> list[tuple[int, int, Hashable]] | None:
+               ops: list[_Op | None]) -> tuple[list[tuple[int, int, Hashable]], list[list[int]]] | None:
         """Adds the edge send -> recv of every matched transfer to the graph, whichever families
         combine (a collective must not move across a transfer it waits on); returns the matches
-        this pass may combine as (send, recv, key), in program order. None: transfers that do not
-        match, or a recv before its send (OrderSendRecv's to fix or report): change nothing."""
+        this pass may combine as (send, recv, key), in program order, and each channel's sends, and
+        recvs, in order. None: transfers that do not match, or a recv before its send
+        (OrderSendRecv's to fix or report): change nothing."""
         specs = [CR.info(unit.value) if not is_block else None for unit, is_block in units]
         if not any(spec is not None and spec.kind in S.P2P_KINDS for spec in specs):
-            return []
+            return [], []
         nodes = []
         for node, spec in zip(graph.nodes, specs):
             if spec is not None and spec.kind in S.P2P_KINDS:
@@ -203,15 +206,13 @@ class _FunctionCombiner:
             plan = plan_send_recv_order(nodes, "combiner")
         except SendRecvOrderError:
             return None
-        out = []
+        if any(s > r for s, r in plan.matches):
+            return None
         for s, r in plan.matches:
-            if s > r:
-                return None
-            node = graph[r]
-            node.deps = tuple(sorted({*node.deps, s}))
-            if ops[s] is not None and ops[r] is not None:
-                out.append((s, r, ops[s].key))  # type: ignore[union-attr]
-        return sorted(out)
+            graph[r].deps = tuple(sorted({*graph[r].deps, s}))
+        transfers = sorted((s, r, ops[s].key) for s, r in plan.matches  # type: ignore[union-attr]
+                           if ops[s] is not None and ops[r] is not None)
+        return transfers, plan.sequences
 
     # ------------------------------------------------------------------ emission
     def _var(self, name: str, ty: Any, dataflow: bool) -> relax.Var:
