@@ -126,6 +126,26 @@ def test_send_recv_channels_and_pairs():
     _same_results(mod, new, params)
 
 
+def test_new_channels_follow_function_names():
+    """A module's functions come out of its Map in an order that follows object addresses, which
+    differs per process: ranks numbered the combined transfers of 8 functions differently, and each
+    received another function's payload. Functions are visited by name now."""
+    mod = tvm.IRModule()
+    ring = [[0, 0]]
+    for f in range(8):
+        x, y = relay.var("x", shape=(4,), dtype="float32"), relay.var("y", shape=(4,), dtype="float32")
+        outs = [C.recv((4,), "float32", ring, channel_id=c, token=C.send(v, ring, channel_id=c))
+                for c, v in ((2 * f, x), (2 * f + 1, y))]
+        mod[relay.GlobalVar(f"f{f}")] = relay.Function([x, y], relay.Tuple(outs))
+    new = CB.SendRecvCombiner()(relay.transform.InferType()(mod))
+    got: dict[str, set[int]] = {}
+    for gv, func in new.functions.items():
+        found = got.setdefault(gv.name_hint, set())
+        relay.analysis.post_order_visit(func.body, lambda e, found=found: found.add(C.info(e).channel_id)
+                                        if C.is_collective(e, ("send", "recv")) else None)
+    assert got == {f"f{f}": {16 + f} for f in range(8)}  # the smallest ids no op used, in name order
+
+
 def test_idempotent_names_and_options():
     xs, params, body = P.collectives(1)
     mod = _mod(xs, list(body.fields))

@@ -478,7 +478,7 @@ def OrderSendRecv() -> tvm.transform.Pass:  # noqa: N802 - a pass factory, named
     def transform(original: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         mod = relay.transform.InferType()(original)
         updates = {}
-        for gv, func in mod.functions.items():
+        for gv, func in sorted(mod.functions.items(), key=lambda item: item[0].name_hint):  # one error on every rank
             if isinstance(func, relay.Function):
                 new = _order_function(gv.name_hint, func)
                 if not new.same_as(func):

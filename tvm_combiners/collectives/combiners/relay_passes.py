@@ -308,10 +308,12 @@ def _combine_function(func: relay.Function, opts: CombinerOptions, channels: _Ch
     order_around_barriers(deps, [i in reg.nested for i in range(len(exprs))], before=ours, after=ours)
     classified = [_classify(e, opts) for e in exprs]
     matches: list[tuple[int, int]] = []
+    sequences: list[list[int]] = []
     if any(op is not None and op.family in ("send", "recv") for op in classified):
         if reg.nested_p2p is not None:
             return func
-        matches = plan_send_recv_order(CRL.order_nodes(reg), "combiner").matches
+        plan = plan_send_recv_order(CRL.order_nodes(reg), "combiner")
+        matches, sequences = plan.matches, plan.sequences
         for s, r in matches:  # a recv waits for its send, whatever families combine
             deps[r].add(s)
     order = index_order([sorted(d) for d in deps])
@@ -334,7 +336,8 @@ def _combine_function(func: relay.Function, opts: CombinerOptions, channels: _Ch
             transfers.append((s2, r2, ops[s2].key))
     transfers.sort()
     keys = [op.key if op is not None and op.family not in ("send", "recv") else None for op in ops]
-    region = plan_region(graph, keys, transfers, opts.threshold_bytes, opts.threshold_count, opts.op_cap())
+    region = plan_region(graph, keys, transfers, opts.threshold_bytes, opts.threshold_count, opts.op_cap(),
+                         [[at[i] for i in seq] for seq in sequences])
 
     if not region.changed:
         return func
@@ -382,7 +385,9 @@ def _combine_module(mod: tvm.IRModule, opts: CombinerOptions) -> tvm.IRModule:
     mod = relay.transform.InferType()(mod)
     channels = _Channels(_used_channels(mod))
     updates = {}
-    for gv, func in mod.functions.items():
+    # by name: every rank numbers the new channels alike (a Map's order follows object addresses,
+    # and ranks that numbered 8 functions differently received each other's payloads)
+    for gv, func in sorted(mod.functions.items(), key=lambda item: item[0].name_hint):
         if isinstance(func, relay.Function):
             new = _combine_function(func, opts, channels)
             if not new.same_as(func):
