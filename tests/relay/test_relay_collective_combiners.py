@@ -126,6 +126,30 @@ def test_send_recv_channels_and_pairs():
     _same_results(mod, new, params)
 
 
+@pytest.mark.parametrize("anf", [False, True])
+def test_a_group_does_not_reorder_a_channels_sends(anf):
+    """Relay matches a channel's sends in the order their data gives them. Combining the two
+    allreduces made the second send of channel 1 read the first recv of channel 1, so it came after
+    the third send: recvs 2 and 3 swapped payloads (graph form; in let form the combined module was
+    refused). The channel's sends are chained by OrderSendRecv's tokens before any group forms."""
+    params = [((4,), "float32")] * 3
+    xs, p, c = _vars(*params), [[0, 0]], lambda v: relay.const(float(v))
+    a1 = C.allreduce(xs[1])
+    s1, s2, s3 = (C.send(relay.add(v, c(100 * k)), p, channel_id=1) for k, v in enumerate((xs[0], a1, xs[2]), 1))
+    r1 = C.recv((4,), "float32", p, channel_id=1, token=s1)
+    t9 = C.send(relay.multiply(r1, c(0)), p, channel_id=9)  # orders the recvs, as OrderSendRecv asks
+    r2 = C.recv((4,), "float32", p, channel_id=1, token=C.after_all(s2, t9))
+    t10 = C.send(relay.multiply(r2, c(0)), p, channel_id=10)
+    r3 = C.recv((4,), "float32", p, channel_id=1, token=C.after_all(s3, t10))
+    r9, r10 = (C.recv((4,), "float32", p, channel_id=ch, token=t) for ch, t in ((9, t9), (10, t10)))
+    mod = _mod(xs, [a1, C.allreduce(relay.multiply(r1, c(2))), r1, r2, r3, r9, r10])
+    if anf:
+        mod = relay.transform.InferType()(relay.transform.ToANormalForm()(mod))
+    new = CB.AllReduceCombiner()(mod)
+    assert _count_all(new, "allreduce") == (2 if anf else 1)  # let form: the chain cannot carry the group
+    _same_results(mod, new, params)
+
+
 def test_new_channels_follow_function_names():
     """A module's functions come out of its Map in an order that follows object addresses, which
     differs per process: ranks numbered the combined transfers of 8 functions differently, and each

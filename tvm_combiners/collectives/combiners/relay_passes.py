@@ -32,7 +32,7 @@ from ...core.graph import Graph, ir_dtype_bits
 from ...relay.shallow_mutator import ShallowExprMutator
 from .. import spec as S
 from ..dependences import order_around_barriers
-from ..ordering import index_order, plan_send_recv_order
+from ..ordering import SendRecvOrderError, index_order, plan_send_recv_order
 from .factories import pass_factories
 from .keys import (
     PackPlan,
@@ -380,8 +380,15 @@ def _combine_module(mod: tvm.IRModule, opts: CombinerOptions) -> tvm.IRModule:
     if not opts.enabled:
         return mod
     original = mod
-    if "send_recv" in opts.families:
+    # Relay matches a channel's sends in the order their data gives them, and a group can give one
+    # send a recv of its own channel as an ancestor, moving it behind a later send (two allreduces
+    # combined: each recv got the other's payload). OrderSendRecv's tokens fix each channel's order.
+    try:
         mod = CRL.OrderSendRecv()(mod)
+    except SendRecvOrderError:
+        if "send_recv" in opts.families:
+            raise
+        return original  # transfers without a provable order: no collective moves among them
     mod = relay.transform.InferType()(mod)
     channels = _Channels(_used_channels(mod))
     updates = {}
