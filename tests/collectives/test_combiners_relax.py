@@ -303,6 +303,18 @@ def test_sends_of_one_channel_keep_their_order(host):
         _same_results(mod, new, _args(params))
 
 
+def test_transfers_left_on_a_channel_must_pair_up_as_emitted():
+    """The planner's check (IR-neutral): the k-th send emitted meets the k-th recv emitted. Two sends
+    swapped along with their recvs still pair up (a review counted plans refused for that)."""
+    from tvm_combiners.collectives.combiners.planning import RegionPlan, _keeps_channel_pairs
+
+    channel = [[(0, 2), (1, 3)]]  # send 0 -> recv 2, then send 1 -> recv 3
+    assert _keeps_channel_pairs(RegionPlan([], [], [0, 1, 2, 3]), channel)
+    assert _keeps_channel_pairs(RegionPlan([], [], [1, 0, 3, 2]), channel)
+    assert not _keeps_channel_pairs(RegionPlan([], [], [1, 0, 2, 3]), channel)
+    assert _keeps_channel_pairs(RegionPlan([], [([0, 4], [2, 5])], [1, -1, 3, -2]), channel)  # one left
+
+
 # --------------------------------------------------------------------------- passes
 
 

@@ -77,24 +77,30 @@ class OrderNode:
 @dataclass(frozen=True)
 class OrderPlan:
     order: list[int]
-    #: (send index, recv index) of every transfer.
-    matches: list[tuple[int, int]]
-    #: The sends, and the recvs, of each channel in the order MPI matches them: a reordering must
-    #: keep it (two sends of one channel swapped hand each recv the other's payload).
-    sequences: list[list[int]]
+    #: Per channel, its (send index, recv index) transfers in the order MPI matches them (the k-th
+    #: send with the k-th recv): a reordering must keep the pairing (two sends of one channel
+    #: swapped hand each recv the other's payload).
+    channels: list[list[tuple[int, int]]]
 
     @property
     def changed(self) -> bool:
         return self.order != sorted(self.order)
 
     @property
+    def matches(self) -> list[tuple[int, int]]:
+        """(send index, recv index) of every transfer."""
+        return [pair for pairs in self.channels for pair in pairs]
+
+    @property
     def chains(self) -> list[tuple[int, int]]:
-        """(earlier, later) consecutive sends, and recvs, of one channel."""
-        return sequence_edges(self.sequences)
+        """(earlier, later) consecutive sends, then recvs, of one channel."""
+        return channel_chains(self.channels)
 
 
-def sequence_edges(sequences: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
-    return [(a, b) for seq in sequences for a, b in zip(seq, seq[1:])]
+def channel_chains(channels: Sequence[Sequence[tuple[int, int]]]) -> list[tuple[int, int]]:
+    """(earlier, later) consecutive sends of each channel, then consecutive recvs."""
+    sends = [(a[0], b[0]) for pairs in channels for a, b in zip(pairs, pairs[1:])]
+    return sends + [(a[1], b[1]) for pairs in channels for a, b in zip(pairs, pairs[1:])]
 
 
 def _ordinal(k: int) -> str:
@@ -115,7 +121,7 @@ def plan_send_recv_order(nodes: Sequence[OrderNode], where: str) -> OrderPlan:
             effects.append(i)
     for members in [*sends.values(), *recvs.values()]:
         members.sort(key=lambda i: (nodes[i].seq or (), i))
-    matches: list[tuple[int, int]] = []
+    channels: list[list[tuple[int, int]]] = []
     for channel in sorted(set(sends) | set(recvs)):
         s_list, r_list = sends.get(channel, []), recvs.get(channel, [])
         if len(s_list) != len(r_list):
@@ -138,7 +144,7 @@ def plan_send_recv_order(nodes: Sequence[OrderNode], where: str) -> OrderPlan:
                     f"OrderSendRecv: send {_ordinal(k)} of channel_id {channel} in {where} moves {_describe(a)} "
                     f"but its recv expects {_describe(b)}"
                 )
-            matches.append((s, r))
+        channels.append(list(zip(s_list, r_list)))
 
     # Same-channel self-dependence gets its own message: the common mistake.
     ancestors: list[int] = []
@@ -159,8 +165,8 @@ def plan_send_recv_order(nodes: Sequence[OrderNode], where: str) -> OrderPlan:
                     )
 
     preds: list[set[int]] = [set(node.deps) for node in nodes]
-    sequences = [*sends.values(), *recvs.values()]
-    for a, b in sequence_edges(sequences) + list(zip(effects, effects[1:])) + matches:
+    matches = [pair for pairs in channels for pair in pairs]
+    for a, b in channel_chains(channels) + list(zip(effects, effects[1:])) + matches:
         preds[b].add(a)
     users: list[list[int]] = [[] for _ in nodes]
     for i, p in enumerate(preds):
@@ -182,7 +188,7 @@ def plan_send_recv_order(nodes: Sequence[OrderNode], where: str) -> OrderPlan:
         for u in users[i]:
             due[i] = min(due[i], due[u])
     order = _topological(preds, users, due)
-    return OrderPlan(order=order, matches=matches, sequences=sequences)
+    return OrderPlan(order=order, channels=channels)
 
 
 def _topological(preds: list[set[int]], users: list[list[int]], priority: list[int]) -> list[int]:

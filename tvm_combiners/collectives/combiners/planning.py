@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from ...core.combine_by_key import combine_by_key
 from ...core.graph import Graph, Reachability, contracted_order
-from ..ordering import sequence_edges
+from ..ordering import channel_chains
 
 
 @dataclass
@@ -118,28 +118,29 @@ def _rooted(graph: Graph, edges: Sequence[tuple[int, int]] = ()) -> Graph:
 
 def plan_region(graph: Graph, keys: Sequence[Hashable | None], transfers: Sequence[tuple[int, int, Hashable]],
                 threshold_bytes: int, threshold_count: int, max_op_bytes: int | None = None,
-                channels: Sequence[Sequence[int]] = ()) -> RegionPlan:
+                channels: Sequence[Sequence[tuple[int, int]]] = ()) -> RegionPlan:
     """Groups and a re-emission order for one region (``keys[i]``: node i's collective key or None).
 
     Ops above ``max_op_bytes`` are left alone (packing them would cost more than it saves), and so
     are empty ones: nothing to move, and Relay's reshape reads a 0 in a shape as "keep this axis"
     (an allreduce of a (2, 0) tensor packed with another failed to type).
 
-    ``channels``: the sends, and the recvs, of each channel in the order MPI matches them. Those left
-    on their channel must keep that order (a combined transfer gets a channel of its own): an
-    allreduce group placed after one send of a channel and before the send of its own input's
-    reader swapped two sends, and each recv got the other's payload. Where the plan would reorder
-    them, the region is planned again with each channel's order as edges (which keeps two
-    transfers of one channel from combining); where that is not possible, nothing changes.
+    ``channels``: each channel's (send, recv) transfers in the order MPI matches them. Those left on
+    their channel must still pair up in the order they are emitted (a combined transfer gets a
+    channel of its own): an allreduce group placed between two sends of a channel moved the first
+    send, which reads the group, behind the second, and each recv got the other's payload. Where
+    the plan would mispair them, the region is planned again with each channel's order as edges
+    (which keeps two transfers of one channel from combining); where that is not possible,
+    nothing changes.
     """
     fits = [not n.empty and (max_op_bytes is None or (n.nbytes is not None and n.nbytes <= max_op_bytes))
             for n in graph.nodes]
     keys = [k if fits[i] else None for i, k in enumerate(keys)]
     transfers = [t for t in transfers if fits[t[0]]]
     plan = _plan_rooted(graph, keys, transfers, threshold_bytes, threshold_count, [])
-    if _keeps_channel_order(plan, channels):
+    if _keeps_channel_pairs(plan, channels):
         return plan
-    edges = sequence_edges(channels)
+    edges = channel_chains(channels)
     if any(a >= b for a, b in edges):  # the graph's order is not the channel's: nothing is provable
         return RegionPlan([], [], list(range(len(graph))))
     return _plan_rooted(graph, keys, transfers, threshold_bytes, threshold_count, edges)
@@ -154,12 +155,14 @@ def _plan_rooted(graph: Graph, keys: Sequence[Hashable | None], transfers: Seque
     return RegionPlan([back(g) for g in shifted.groups], [(back(s), back(r)) for s, r in shifted.transfers], order)
 
 
-def _keeps_channel_order(plan: RegionPlan, channels: Sequence[Sequence[int]]) -> bool:
-    """Whether the sends, and the recvs, that stay on each channel are emitted in the channel's order."""
+def _keeps_channel_pairs(plan: RegionPlan, channels: Sequence[Sequence[tuple[int, int]]]) -> bool:
+    """Whether the transfers that stay on each channel still pair up: the k-th send emitted with the
+    k-th recv emitted (two sends swapped along with their recvs still pair up)."""
     at = {u: k for k, u in enumerate(plan.order) if u >= 0}
-    for seq in channels:
-        kept = [at[i] for i in seq if i in at]
-        if kept != sorted(kept):
+    for pairs in channels:
+        kept = [(s, r) for s, r in pairs if s in at and r in at]
+        by_send = [r for _, r in sorted(kept, key=lambda pair: at[pair[0]])]
+        if by_send != sorted((r for _, r in kept), key=at.__getitem__):
             return False
     return True
 

@@ -187,11 +187,11 @@ class _FunctionCombiner:
         return out, True
 
     def _match(self, graph: Graph, units: list[tuple[Any, bool]],
-               ops: list[_Op | None]) -> tuple[list[tuple[int, int, Hashable]], list[list[int]]] | None:
+               ops: list[_Op | None]) -> tuple[list[tuple[int, int, Hashable]], list[list[tuple[int, int]]]] | None:
         """Adds the edge send -> recv of every matched transfer to the graph, whichever families
         combine (a collective must not move across a transfer it waits on); returns the matches
-        this pass may combine as (send, recv, key), in program order, and each channel's sends, and
-        recvs, in order. None: transfers that do not match, or a recv before its send
+        this pass may combine as (send, recv, key), in program order, and each channel's transfers
+        in the order MPI matches them. None: transfers that do not match, or a recv before its send
         (OrderSendRecv's to fix or report): change nothing."""
         specs = [CR.info(unit.value) if not is_block else None for unit, is_block in units]
         if not any(spec is not None and spec.kind in S.P2P_KINDS for spec in specs):
@@ -212,7 +212,7 @@ class _FunctionCombiner:
             graph[r].deps = tuple(sorted({*graph[r].deps, s}))
         transfers = sorted((s, r, ops[s].key) for s, r in plan.matches  # type: ignore[union-attr]
                            if ops[s] is not None and ops[r] is not None)
-        return transfers, plan.sequences
+        return transfers, plan.channels
 
     # ------------------------------------------------------------------ emission
     def _var(self, name: str, ty: Any, dataflow: bool) -> relax.Var:

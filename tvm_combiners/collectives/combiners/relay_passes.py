@@ -308,12 +308,12 @@ def _combine_function(func: relay.Function, opts: CombinerOptions, channels: _Ch
     order_around_barriers(deps, [i in reg.nested for i in range(len(exprs))], before=ours, after=ours)
     classified = [_classify(e, opts) for e in exprs]
     matches: list[tuple[int, int]] = []
-    sequences: list[list[int]] = []
+    channel_pairs: list[list[tuple[int, int]]] = []
     if any(op is not None and op.family in ("send", "recv") for op in classified):
         if reg.nested_p2p is not None:
             return func
         plan = plan_send_recv_order(CRL.order_nodes(reg), "combiner")
-        matches, sequences = plan.matches, plan.sequences
+        matches, channel_pairs = plan.matches, plan.channels
         for s, r in matches:  # a recv waits for its send, whatever families combine
             deps[r].add(s)
     order = index_order([sorted(d) for d in deps])
@@ -337,7 +337,7 @@ def _combine_function(func: relay.Function, opts: CombinerOptions, channels: _Ch
     transfers.sort()
     keys = [op.key if op is not None and op.family not in ("send", "recv") else None for op in ops]
     region = plan_region(graph, keys, transfers, opts.threshold_bytes, opts.threshold_count, opts.op_cap(),
-                         [[at[i] for i in seq] for seq in sequences])
+                         [[(at[s], at[r]) for s, r in pairs] for pairs in channel_pairs])
 
     if not region.changed:
         return func
