@@ -377,11 +377,13 @@ def test_pack_plans():
 
 @st.composite
 def programs(draw):
-    """Random collectives and compute with random dependencies (all at world size 1)."""
+    """Random collectives and compute with random dependencies (all at world size 1), and transfers
+    left open across other steps on two shared channels (a review's swapped sends needed several
+    transfers of one channel with collectives between them)."""
     shapes = [(4,), (2, 3), (3, 2)]
     n_params = draw(st.integers(1, 3))
     params = [(shapes[draw(st.integers(0, 2))], draw(st.sampled_from(["float32", "int32"]))) for _ in range(n_params)]
-    steps = draw(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 10**6), st.integers(0, 10**6)), min_size=2, max_size=14))
+    steps = draw(st.lists(st.tuples(st.integers(0, 8), st.integers(0, 10**6), st.integers(0, 10**6)), min_size=2, max_size=14))
     return params, steps
 
 
@@ -390,8 +392,15 @@ def _build(params, steps):
         values = list(xs)
         outs = []
         channel = 0
+        open_sends: list[tuple[int, tuple[int, ...], str, bool]] = []  # (channel, shape, dtype, host), oldest first
+
+        def close_oldest():
+            ch, shape, dtype, host = open_sends.pop(0)
+            return bb.emit(CR.recv(shape, dtype, [[0, 0]], channel_id=ch, is_host_transfer=host))
+
         for kind, i, j in steps:
-            x = values[i % len(values)]
+            # half the time one of the latest values (a collective's result, a fresh sum): chains form
+            x = values[-1 - (i // 2) % min(3, len(values))] if i % 2 else values[i % len(values)]
             ty = x.ty
             shape, dtype = tuple(int(d) for d in ty.shape), str(ty.dtype)
             if kind == 0:
@@ -409,22 +418,34 @@ def _build(params, steps):
                 channel += 1
             elif kind == 5:
                 v = bb.emit(relax.op.ccl.allreduce(x, "sum", True))
-            else:
+            elif kind == 6:
                 v = bb.emit(relax.op.ccl.allgather(x, 1, True)) if shape else x
+            elif kind == 7:  # a send whose recv comes later, on channel 100 or 101
+                host = j % 3 == 0
+                open_sends.append((100 + j % 2, shape, dtype, host))
+                v = bb.emit(CR.send(x, [[0, 0]], channel_id=100 + j % 2, is_host_transfer=host))
+                continue  # a token: nothing to compute on
+            else:
+                v = close_oldest() if open_sends else x
             values.append(v)
             outs.append(v)
+        while open_sends:
+            outs.append(close_oldest())
         return outs
 
     return _fn(params, body)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(programs(), st.sampled_from([(30 * 2**20 + 7, 256, True), (40, 2, False), (64, 3, True)]))
-def test_generated_programs_keep_results(program, limits):
+@given(programs(), st.sampled_from([(30 * 2**20 + 7, 256, True), (40, 2, False), (64, 3, True)]),
+       st.sampled_from([CB.CombineCollectives, CB.AllReduceCombiner]))
+def test_generated_programs_keep_results(program, limits, factory):
+    """``AllReduceCombiner`` too: it moves allreduces among transfers it leaves on their channels."""
     params, steps = program
     mod = _build(params, steps)
     threshold_bytes, threshold_count, by_dim = limits
-    new = CB.CombineCollectives(threshold_bytes=threshold_bytes, threshold_count=threshold_count, combine_by_dim=by_dim)(mod)
+    by_dim_kw = {"combine_by_dim": by_dim} if factory is CB.CombineCollectives else {}
+    new = factory(threshold_bytes=threshold_bytes, threshold_count=threshold_count, **by_dim_kw)(mod)
     relax.analysis.well_formed(new)  # every variable defined before use: no cycle was built
     names = ("allreduce", "allgather", "reduce_scatter", "send", "recv")
     assert all(_count(new, k) <= _count(mod, k) for k in names)
