@@ -144,11 +144,13 @@ def test_every_function_on_n_ranks(n: int, tmp_path: Path) -> None:
 
 
 def test_failing_rank_ends_the_job_and_is_named(tmp_path: Path) -> None:
+    """The failure ends the job, long before its timeout (generous: two ranks importing TVM on a
+    loaded 2-core machine took over 45 s)."""
     start = time.monotonic()
-    proc = _run(2, "fail", tmp_path, timeout=60)
+    proc = _run(2, "fail", tmp_path, timeout=240)
     elapsed = time.monotonic() - start
-    assert proc.returncode != 0
-    assert elapsed < 45, f"the job took {elapsed:.0f} s: the failure did not end it"
+    assert proc.returncode not in (0, 124), proc.stderr[-2000:]
+    assert elapsed < 160, f"the job took {elapsed:.0f} s: the failure did not end it"
     error = "ValueError: tvm_combiners.send: source_target_pairs '1,5' names rank 5, but the job has 2 ranks"
     assert f"[rank 1] {error}" in proc.stderr, proc.stderr
     assert f"tvm-combiners launch: rank 1 failed: {error}" in proc.stderr, proc.stderr
