@@ -323,11 +323,12 @@ def _discard_next(name: str, channel_id: int, source: int, tag: int, status: Any
     _receive(name, channel_id, source, tag, np.empty(size, np.uint8), status)
 
 
-def _is_header(buf: np.ndarray) -> bool:
-    """Whether ``buf`` starts with a check-mode header (or is a cut-off start of one)."""
+def _is_header(buf: np.ndarray, shortest: int = 4) -> bool:
+    """Whether ``buf`` starts with a check-mode header, or is a cut-off start of one at least
+    ``shortest`` bytes long (a recv that MPI cut short keeps the header's first bytes)."""
     raw = buf.reshape(-1).view(np.uint8)
     n = min(raw.size, len(_HEADER_MAGIC))
-    return n >= 4 and bytes(raw[:n]) == _HEADER_MAGIC[:n]  # a recv of 4 bytes or more that MPI cut short
+    return n >= shortest and bytes(raw[:n]) == _HEADER_MAGIC[:n]
 
 
 def _mode_error(name: str, channel_id: int, source: int, checking_here: bool) -> ValueError:
@@ -373,7 +374,7 @@ def recv_np(name: str, pairs: str, channel_id: int, out: np.ndarray) -> None:
                 _discard_next(name, channel_id, peer.source, tag, status)
                 raise _mode_error(name, channel_id, peer.source, False) from None
             maybe = ""
-            if not _CHECK and out.nbytes < 4 and bytes(out.reshape(-1).view(np.uint8)) == _HEADER_MAGIC[:out.nbytes]:
+            if not _CHECK and _is_header(out, shortest=0):  # under 4 bytes: too short to tell
                 maybe = (f", or {CHECK_COLLECTIVES_ENV} is set on rank {peer.source} but not on this rank (then the "
                          "channel is a message behind: set it on every rank)")
             raise ValueError(f"{name}: channel {channel_id} from rank {peer.source}: {err.Get_error_string()} "
