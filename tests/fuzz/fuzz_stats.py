@@ -27,7 +27,7 @@ def record(ir: str, pass_name: str, graphs: int, changed: bool, failed: str | No
 def summary_lines() -> list[str]:
     if not COUNTS:
         return []
-    lines = [f"{'ir':<6} {'pass':<28} {'graphs':>7} {'modules':>8} {'combined':>9}"]
+    lines = [f"{'ir':<6} {'pass':<36} {'graphs':>7} {'modules':>8} {'combined':>9}"]
     for (ir, name), c in sorted(COUNTS.items()):
-        lines.append(f"{ir:<6} {name:<28} {c['graphs']:>7} {c['examples']:>8} {c['combined']:>9}")
+        lines.append(f"{ir:<6} {name:<36} {c['graphs']:>7} {c['examples']:>8} {c['combined']:>9}")
     return lines

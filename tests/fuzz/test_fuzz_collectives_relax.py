@@ -1,0 +1,112 @@
+"""Differential fuzzing of the Relax collective combiners: random channel-heavy programs, every pass.
+
+Each program (``collective_spec``) runs on one rank through the collectives runtime, before and
+after each pass setting; outputs must be bitwise equal. The pass must also keep the module well
+formed, never add an op of any kind, and give equal modules for equal input (every rank builds its
+own module, so a pass that is not deterministic pairs different transfers across ranks).
+Unset, ``FUZZ_EXAMPLES`` keeps a small derandomized slice for ``make test``; ``make fuzz`` sets it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import fuzz_stats
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from build_collectives_relax import build_module, random_inputs
+from collective_spec import Program, Resolved, programs, reference, resolve
+from fuzz_spec import example_count, is_big_run
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis.control import currently_in_test_context
+from tvm import relax
+
+import tvm_combiners.collectives.runtime  # noqa: F401 - registers the runtime functions
+from tvm_combiners.collectives import relax as CR
+from tvm_combiners.collectives.combiners import relax as CB
+from tvm_combiners.relax.runner import count_ops
+
+#: Pass settings: each combiner alone, all of them, thresholds that split groups, a size cap, two in a row.
+PASSES: dict[str, Callable[[], tvm.transform.Pass]] = {
+    "AllReduceCombiner": lambda: CB.AllReduceCombiner(),
+    "AllGatherCombiner": lambda: CB.AllGatherCombiner(),
+    "ReduceScatterCombiner": lambda: CB.ReduceScatterCombiner(),
+    "SendRecvCombiner": lambda: CB.SendRecvCombiner(),
+    "CombineCollectives": lambda: CB.CombineCollectives(),
+    "CombineCollectives(count=3,any_dim)": lambda: CB.CombineCollectives(threshold_count=3, combine_by_dim=False),
+    "CombineCollectives(bytes=24)": lambda: CB.CombineCollectives(threshold_bytes=24, threshold_count=2),
+    "CombineCollectives(max_op_bytes=16)": lambda: CB.CombineCollectives(max_op_bytes=16),
+    "AllReduce+SendRecv": lambda: tvm.transform.Sequential([CB.AllReduceCombiner(), CB.SendRecvCombiner()]),
+}
+KINDS = tuple(f"collectives.{k}" for k in ("allreduce", "allgather", "reduce_scatter", "send", "recv"))
+#: The small slice ``make test`` runs per pass setting (derandomized); ``FUZZ_EXAMPLES`` scales it.
+CI_EXAMPLES = 6
+TARGET = tvm.target.Target({"kind": "llvm", "opt-level": 0})  # tiny modules compile twice as fast
+
+SETTINGS = settings(
+    max_examples=example_count(CI_EXAMPLES),
+    deadline=None,
+    derandomize=not is_big_run(),
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    print_blob=True,
+)
+
+
+def _counts(mod: tvm.IRModule) -> dict[str, int]:
+    counts = count_ops(mod)
+    return {k: sum(n for op, n in counts.items() if op.endswith(k)) for k in KINDS}
+
+
+def run(mod: tvm.IRModule, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    ex = tvm.compile(mod, target=TARGET, relax_pipeline=CR.pipeline(TARGET))
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in inputs])
+    return [o.numpy() for o in out]
+
+
+def check_pass(name: str, program: Program) -> None:
+    resolved = resolve(program)
+    mod = build_module(resolved)
+    new = mod
+    try:
+        new = PASSES[name]()(mod)
+        changed = _check(name, resolved, mod, new)
+    except Exception as err:
+        fuzz_stats.record("relax", name, 1, False, failed=f"{type(err).__name__}: {err}"[:300])
+        if currently_in_test_context():  # the failing example's modules, printed with hypothesis's report
+            note(f"before:\n{mod.script()}\nafter:\n{new.script()}")
+        raise
+    fuzz_stats.record("relax", name, 1, changed)
+
+
+def _check(name: str, resolved: Resolved, mod: tvm.IRModule, new: tvm.IRModule) -> bool:
+    relax.analysis.well_formed(new)  # raises on the first violation
+    before, after = _counts(mod), _counts(new)
+    assert all(after[k] <= before[k] for k in KINDS), f"an op was added: {before} -> {after}"
+    again = PASSES[name]()(build_module(resolved))
+    assert tvm_ffi.structural_equal(again, new), "not deterministic: two runs on equal modules differ"
+    changed = not tvm_ffi.structural_equal(new, mod)
+    if changed:
+        inputs = random_inputs(resolved, seed=len(resolved.ops))
+        want = run(mod, inputs)
+        _assert_equal(want, reference(resolved, inputs), "the unoptimized module vs numpy")
+        _assert_equal(run(new, inputs), want, "after the pass vs before")
+    return changed
+
+
+def _assert_equal(got: list[np.ndarray], want: list[np.ndarray], what: str) -> None:
+    assert len(got) == len(want), f"{what}: {len(got)} outputs vs {len(want)}"
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert (g.shape, g.dtype) == (w.shape, w.dtype), f"{what}, output {i}: {g.shape} {g.dtype} vs {w.shape} {w.dtype}"
+        np.testing.assert_array_equal(g, w, err_msg=f"{what}, output {i}")
+
+
+@pytest.mark.parametrize("name", list(PASSES))
+def test_fuzz_collective_combiners_relax(name: str) -> None:
+    @SETTINGS
+    @given(programs())
+    def check(program: Program) -> None:
+        check_pass(name, program)
+
+    check()
