@@ -67,6 +67,7 @@ class Op:
     channel: int = 0  # send, recv
     host: bool = False  # send, recv
     constant: int = 0  # offset: the result is args[0] + constant (a payload no other value has)
+    native: bool = False  # allreduce, allgather on axis 0: the IR's own op where it has one (Relax: R.ccl)
 
 
 @dataclass(frozen=True)
@@ -123,9 +124,9 @@ def resolve(program: Program) -> Resolved:
             if code <= 7:  # a transfer step with nothing to transfer, too: allreduces are what groups most
                 if j % 3 == 0:  # of a value made just here: the group cannot move above this point
                     x = emit(Op("offset", (x,), t, constant=1 + j % 9))
-                emit(Op("allreduce", (x,), t, reduce=REDUCTIONS[j % 4]))
+                emit(Op("allreduce", (x,), t, reduce=REDUCTIONS[j % 4], native=i % 5 == 1))
             elif code <= 9:
-                emit(Op("allgather", (x,), t, axis=j % len(shape)))
+                emit(Op("allgather", (x,), t, axis=j % len(shape), native=j % len(shape) == 0 and i % 3 == 1))
             elif code <= 11:
                 emit(Op("reduce_scatter", (x,), t, reduce=REDUCTIONS[j % 2], axis=j % len(shape)))
             elif code == 12:

@@ -1,6 +1,7 @@
 """Differential fuzzing of the Relax collective combiners: random channel-heavy programs, every pass.
 
-Each program (``collective_spec``) runs on one rank through the collectives runtime, before and
+Each program (``collective_spec``; some in dataflow blocks, with TVM's own ``R.ccl`` ops) runs on one
+rank through the collectives runtime, before and
 after each pass setting; outputs must be bitwise equal. The pass must also keep the module well
 formed, never add an op of any kind, and give equal modules for equal input (every rank builds its
 own module, so a pass that is not deterministic pairs different transfers across ranks).
@@ -20,6 +21,7 @@ from build_collectives_relax import build_module, random_inputs
 from collective_spec import Program, Resolved, programs, reference, resolve
 from fuzz_spec import example_count, is_big_run
 from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from tvm import relax
 
@@ -40,7 +42,7 @@ PASSES: dict[str, Callable[[], tvm.transform.Pass]] = {
     "CombineCollectives(max_op_bytes=16)": lambda: CB.CombineCollectives(max_op_bytes=16),
     "AllReduce+SendRecv": lambda: tvm.transform.Sequential([CB.AllReduceCombiner(), CB.SendRecvCombiner()]),
 }
-KINDS = tuple(f"collectives.{k}" for k in ("allreduce", "allgather", "reduce_scatter", "send", "recv"))
+KINDS = ("allreduce", "allgather", "reduce_scatter", "send", "recv")  # ours and TVM's ccl ops alike
 #: The small slice ``make test`` runs per pass setting (derandomized); ``FUZZ_EXAMPLES`` scales it.
 CI_EXAMPLES = 6
 TARGET = tvm.target.Target({"kind": "llvm", "opt-level": 0})  # tiny modules compile twice as fast
@@ -65,13 +67,13 @@ def run(mod: tvm.IRModule, inputs: list[np.ndarray]) -> list[np.ndarray]:
     return [o.numpy() for o in out]
 
 
-def check_pass(name: str, program: Program) -> None:
+def check_pass(name: str, program: Program, dataflow: bool) -> None:
     resolved = resolve(program)
-    mod = build_module(resolved)
+    mod = build_module(resolved, dataflow)
     new = mod
     try:
         new = PASSES[name]()(mod)
-        changed = _check(name, resolved, mod, new)
+        changed = _check(name, resolved, dataflow, mod, new)
     except Exception as err:
         fuzz_stats.record("relax", name, 1, False, failed=f"{type(err).__name__}: {err}"[:300])
         if currently_in_test_context():  # the failing example's modules, printed with hypothesis's report
@@ -80,11 +82,11 @@ def check_pass(name: str, program: Program) -> None:
     fuzz_stats.record("relax", name, 1, changed)
 
 
-def _check(name: str, resolved: Resolved, mod: tvm.IRModule, new: tvm.IRModule) -> bool:
+def _check(name: str, resolved: Resolved, dataflow: bool, mod: tvm.IRModule, new: tvm.IRModule) -> bool:
     relax.analysis.well_formed(new)  # raises on the first violation
     before, after = _counts(mod), _counts(new)
     assert all(after[k] <= before[k] for k in KINDS), f"an op was added: {before} -> {after}"
-    again = PASSES[name]()(build_module(resolved))
+    again = PASSES[name]()(build_module(resolved, dataflow))
     assert tvm_ffi.structural_equal(again, new), "not deterministic: two runs on equal modules differ"
     changed = not tvm_ffi.structural_equal(new, mod)
     if changed:
@@ -105,8 +107,8 @@ def _assert_equal(got: list[np.ndarray], want: list[np.ndarray], what: str) -> N
 @pytest.mark.parametrize("name", list(PASSES))
 def test_fuzz_collective_combiners_relax(name: str) -> None:
     @SETTINGS
-    @given(programs())
-    def check(program: Program) -> None:
-        check_pass(name, program)
+    @given(programs(), st.booleans())
+    def check(program: Program, dataflow: bool) -> None:
+        check_pass(name, program, dataflow)
 
     check()
