@@ -13,6 +13,7 @@ is exact, so outputs compare bitwise. Both environments import this file (it nee
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
@@ -27,6 +28,24 @@ TYPES: tuple[tuple[tuple[int, ...], str], ...] = (
 #: Channel ids a program draws from (distinct per program; 100+ are far from any a pass creates).
 CHANNEL_IDS = (1, 2, 7, 11, 100, 101)
 REDUCTIONS = ("sum", "max", "min", "sum")  # sum twice: more allreduces share a key
+#: The pass settings both IRs fuzz, by name: the combiners each runs, in order, with their options
+#: (each alone, all of them, thresholds that split groups, a size cap, two in a row).
+PASS_SETTINGS: dict[str, tuple[tuple[str, dict[str, object]], ...]] = {
+    "AllReduceCombiner": (("AllReduceCombiner", {}),),
+    "AllGatherCombiner": (("AllGatherCombiner", {}),),
+    "ReduceScatterCombiner": (("ReduceScatterCombiner", {}),),
+    "SendRecvCombiner": (("SendRecvCombiner", {}),),
+    "CombineCollectives": (("CombineCollectives", {}),),
+    "CombineCollectives(count=3,any_dim)": (("CombineCollectives", {"threshold_count": 3, "combine_by_dim": False}),),
+    "CombineCollectives(bytes=24)": (("CombineCollectives", {"threshold_bytes": 24, "threshold_count": 2}),),
+    "CombineCollectives(max_op_bytes=16)": (("CombineCollectives", {"max_op_bytes": 16}),),
+    "AllReduce+SendRecv": (("AllReduceCombiner", {}), ("SendRecvCombiner", {})),
+}
+
+
+def setting_passes(combiners: Any, name: str) -> list[Any]:
+    """The passes of setting ``name``, from an IR's combiners module (run them in a Sequential)."""
+    return [getattr(combiners, combiner)(**options) for combiner, options in PASS_SETTINGS[name]]
 
 
 @dataclass(frozen=True)

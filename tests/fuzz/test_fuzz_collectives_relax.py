@@ -10,15 +10,13 @@ Unset, ``FUZZ_EXAMPLES`` keeps a small derandomized slice for ``make test``; ``m
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import fuzz_stats
 import numpy as np
 import pytest
 import tvm
 import tvm_ffi
 from build_collectives_relax import build_module, random_inputs
-from collective_spec import Program, Resolved, programs, reference, resolve
+from collective_spec import PASS_SETTINGS, Program, Resolved, programs, reference, resolve, setting_passes
 from fuzz_spec import example_count, is_big_run
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
@@ -30,18 +28,6 @@ from tvm_combiners.collectives import relax as CR
 from tvm_combiners.collectives.combiners import relax as CB
 from tvm_combiners.relax.runner import count_ops
 
-#: Pass settings: each combiner alone, all of them, thresholds that split groups, a size cap, two in a row.
-PASSES: dict[str, Callable[[], tvm.transform.Pass]] = {
-    "AllReduceCombiner": lambda: CB.AllReduceCombiner(),
-    "AllGatherCombiner": lambda: CB.AllGatherCombiner(),
-    "ReduceScatterCombiner": lambda: CB.ReduceScatterCombiner(),
-    "SendRecvCombiner": lambda: CB.SendRecvCombiner(),
-    "CombineCollectives": lambda: CB.CombineCollectives(),
-    "CombineCollectives(count=3,any_dim)": lambda: CB.CombineCollectives(threshold_count=3, combine_by_dim=False),
-    "CombineCollectives(bytes=24)": lambda: CB.CombineCollectives(threshold_bytes=24, threshold_count=2),
-    "CombineCollectives(max_op_bytes=16)": lambda: CB.CombineCollectives(max_op_bytes=16),
-    "AllReduce+SendRecv": lambda: tvm.transform.Sequential([CB.AllReduceCombiner(), CB.SendRecvCombiner()]),
-}
 KINDS = ("allreduce", "allgather", "reduce_scatter", "send", "recv")  # ours and TVM's ccl ops alike
 #: The small slice ``make test`` runs per pass setting (derandomized); ``FUZZ_EXAMPLES`` scales it.
 CI_EXAMPLES = 6
@@ -54,6 +40,10 @@ SETTINGS = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     print_blob=True,
 )
+
+
+def make_pass(name: str) -> tvm.transform.Pass:
+    return tvm.transform.Sequential(setting_passes(CB, name))
 
 
 def _counts(mod: tvm.IRModule) -> dict[str, int]:
@@ -72,7 +62,7 @@ def check_pass(name: str, program: Program, dataflow: bool) -> None:
     mod = build_module(resolved, dataflow)
     new = mod
     try:
-        new = PASSES[name]()(mod)
+        new = make_pass(name)(mod)
         changed = _check(name, resolved, dataflow, mod, new)
     except Exception as err:
         fuzz_stats.record("relax", name, 1, False, failed=f"{type(err).__name__}: {err}"[:300])
@@ -86,7 +76,7 @@ def _check(name: str, resolved: Resolved, dataflow: bool, mod: tvm.IRModule, new
     relax.analysis.well_formed(new)  # raises on the first violation
     before, after = _counts(mod), _counts(new)
     assert all(after[k] <= before[k] for k in KINDS), f"an op was added: {before} -> {after}"
-    again = PASSES[name]()(build_module(resolved, dataflow))
+    again = make_pass(name)(build_module(resolved, dataflow))
     assert tvm_ffi.structural_equal(again, new), "not deterministic: two runs on equal modules differ"
     changed = not tvm_ffi.structural_equal(new, mod)
     if changed:
@@ -104,7 +94,7 @@ def _assert_equal(got: list[np.ndarray], want: list[np.ndarray], what: str) -> N
         np.testing.assert_array_equal(g, w, err_msg=f"{what}, output {i}")
 
 
-@pytest.mark.parametrize("name", list(PASSES))
+@pytest.mark.parametrize("name", list(PASS_SETTINGS))
 def test_fuzz_collective_combiners_relax(name: str) -> None:
     @SETTINGS
     @given(programs(), st.booleans())
