@@ -43,6 +43,12 @@ PASS_SETTINGS: dict[str, tuple[tuple[str, dict[str, object]], ...]] = {
 }
 
 
+def capped(name: str) -> bool:
+    """Whether setting ``name`` caps its groups by count or bytes: a second run may then merge the
+    combined ops (measured: 5-10% of programs), so only uncapped settings must be idempotent."""
+    return any(key.startswith("threshold_") for _, options in PASS_SETTINGS[name] for key in options)
+
+
 def setting_passes(combiners: Any, name: str) -> list[Any]:
     """The passes of setting ``name``, from an IR's combiners module (run them in a Sequential)."""
     return [getattr(combiners, combiner)(**options) for combiner, options in PASS_SETTINGS[name]]
