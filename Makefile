@@ -59,8 +59,10 @@ bench: $(VENV)/.installed $(VENV_RELAY)/.installed
 	$(VENV)/bin/python benchmarks/bench_collective_pass_scaling.py
 	$(VENV)/bin/python benchmarks/bench_tuned.py --trials $(or $(TUNE_TRIALS),64)
 
-# Differential fuzzing (not in CI's budget): FUZZ_EXAMPLES modules per pass family, each of 1-5 graphs.
-# Defaults measured on 2 cores: Relax 400 (~15 min, >1000 graphs per family), Relay 150 (~35 min).
+# Differential fuzzing (not in CI's budget): FUZZ_EXAMPLES modules per pass family (op combiners: each of
+# 1-5 graphs) and per collective-combiner setting (9 settings). Defaults measured on 2 cores: Relax 400
+# (~15 min for the op combiners, ~20 min for the collective combiners), Relay 150 (~35 min for the op
+# combiners; the collective combiners' 150 are spread over 4 form/order targets).
 fuzz: $(VENV)/.installed $(VENV_RELAY)/.installed
 	@status=0; \
 	FUZZ_EXAMPLES=$(or $(FUZZ_EXAMPLES),400) $(VENV)/bin/python -m pytest -q --tb=short -p no:cacheprovider tests/fuzz || status=1; \

@@ -170,6 +170,12 @@ def resolve(program: Program) -> Resolved:
     return Resolved(program.params, tuple(ops), outputs)
 
 
+def random_inputs(program: Resolved, seed: int) -> list[np.ndarray]:
+    """Small integers in every dtype: sums, maxima and offsets stay exact."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(1, 4, size=TYPES[t][0]).astype(TYPES[t][1]) for t in program.params]
+
+
 def reference(program: Resolved, inputs: list[np.ndarray]) -> list[np.ndarray]:
     """What the program computes on one rank: every collective over one rank returns its operand,
     and a channel delivers its payloads first in, first out."""

@@ -16,13 +16,14 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
-from build_collectives_relax import build_module, random_inputs
+from build_collectives_relax import build_module
 from collective_spec import (
     IDEMPOTENT,
     PASS_SETTINGS,
     Program,
     Resolved,
     programs,
+    random_inputs,
     reference,
     resolve,
     setting_passes,
