@@ -220,6 +220,36 @@ def test_recv_runs_first_without_the_pass_and_after_its_send_with_it(mock_runtim
     assert tvm.ir.structural_equal(again, ordered)
 
 
+def _let_chain(*bindings, result):
+    body = result
+    for v, value in reversed(bindings):
+        body = relay.Let(v, value, body)
+    return body
+
+
+def test_let_form_recv_reads_its_sends_variable_where_in_scope(mock_runtime):
+    """In a let chain the added token reads the send's variable, not its call: the chain keeps one
+    binding per op (the combiners reorder only such chains). A recv bound before its send cannot
+    see the variable, so there the token reads the call."""
+    x, p = var((4,)), [[0, 0]]
+    t, y, r = var((), "int32", "t"), var((4,), name="y"), var((4,), name="r")
+    sent_first = _let_chain((t, C.send(x, p)), (y, relay.add(x, x)), (r, C.recv((4,), "float32", p)), result=relay.Tuple([r, y, t]))
+    ordered = C.OrderSendRecv()(module(sent_first, [x]))
+    body = ordered["main"].body
+    recv_token = body.body.body.value.args[0]  # after_all((token, t)) of the third binding
+    assert isinstance(recv_token.args[0].fields[1], relay.Var) and recv_token.args[0].fields[1].name_hint == "t"
+    assert ordered.astext().count("collectives.send(") == 1
+    run_both(ordered, x=np.ones(4, "float32"))
+    assert [n for n, _ in mock_runtime] == ["send", "recv"] * 2
+    mock_runtime.clear()
+    recv_first = _let_chain((r, C.recv((4,), "float32", p)), (t, C.send(x, p)), result=relay.Tuple([r, t]))
+    ordered = C.OrderSendRecv()(module(recv_first, [x]))
+    recv_token = ordered["main"].body.value.args[0]
+    assert C.info(recv_token.args[0].fields[1]).kind == "send"  # the call: its variable is bound later
+    run_both(ordered, x=np.ones(4, "float32"))
+    assert [n for n, _ in mock_runtime] == ["send", "recv"] * 2  # the shared send still runs once
+
+
 def test_ordering_errors():
     x = var((4,))
     p = [[0, 1]]

@@ -234,6 +234,8 @@ class _Region:
     #: Let variables in scope wherever the expression sits (the intersection over its uses).
     scopes: list[frozenset[relay.Var]]
     let_vars: frozenset[relay.Var]
+    #: Each let-bound value -> the variables bound to it.
+    binders: dict[relay.Expr, tuple[relay.Var, ...]]
     #: Opaque nodes holding collectives: node -> what it is (``_BRANCH``, ``_CLOSURE``, ``_OTHER``).
     nested: dict[int, str]
     #: What holds the first send or recv out of the region's reach, None if none does.
@@ -340,9 +342,17 @@ def region(body: relay.Expr) -> _Region | None:
         index={exprs[i]: k for k, i in enumerate(order)},
         scopes=[scopes[i] or frozenset() for i in order],
         let_vars=frozenset(bound),
+        binders=_binders(bound),
         nested={new[i]: what for i, what in nested.items()},
         nested_p2p=nested_p2p,
     )
+
+
+def _binders(bound: dict[relay.Var, relay.Expr]) -> dict[relay.Expr, tuple[relay.Var, ...]]:
+    out: dict[relay.Expr, tuple[relay.Var, ...]] = {}
+    for var, value in bound.items():
+        out[value] = (*out.get(value, ()), var)
+    return out
 
 
 def order_nodes(reg: _Region) -> list[OrderNode]:
@@ -433,8 +443,13 @@ def _order_function(name: str, func: relay.Function) -> relay.Function:
         return bool(anc[b] >> a & 1)
 
     def run_before(a: int, b: int) -> None:
-        """Give ``b`` the token of send ``a``: ``a`` then sits where ``b`` can see it, so must read
-        no let variable out of ``b``'s scope."""
+        """Give ``b`` the token of send ``a``: through ``a``'s let variable where ``b`` sees one (the
+        send stays in its binding, and a let chain stays one the combiners can reorder); else ``a``
+        itself, which then sits where ``b`` can see it, so must read no let variable out of ``b``'s scope."""
+        var = next((v for v in reg.binders.get(exprs[a], ()) if v in reg.scopes[b]), None)
+        if var is not None:
+            after.setdefault(exprs[b], []).append(var)
+            return
         lost = reg.needs([exprs[a]]) - reg.scopes[b]
         if lost:
             names = ", ".join(sorted(v.name_hint for v in lost))

@@ -19,10 +19,9 @@ hold their matched send's token where the program gives one; OrderSendRecv adds 
 ``order="none"`` leaves the recv chains out too: OrderSendRecv refuses nearly every such module.
 
 ``form="graph"``: one expression per op, shared where read twice (graph executor).
-``form="let"``: a let chain binding every op in program order (A-normal form, Relay VM). With
-``order="program"`` every recv holds its matched send's token: a token OrderSendRecv adds in let
-form reads the send's call, not its variable, and the combiners then leave the chain in place
-(few groups form; ``loose`` covers that), so only this way do they reschedule the chain.
+``form="let"``: a let chain binding every op in program order (A-normal form, Relay VM); the tokens
+OrderSendRecv adds read the sends' variables, so the combiners reorder the chain and combine
+what they combine in graph form.
 """
 
 from __future__ import annotations
@@ -93,7 +92,7 @@ def build_module(program: Resolved, form: str = "graph", order: str = "program")
         elif op.kind == "recv":
             earlier = recvs.setdefault(op.channel, [])
             matched = sends[op.channel][len(earlier)]
-            given = [matched] if form == "let" and order == "program" else list(op.args)
+            given = list(op.args)
             assert set(given) <= {matched}, "a recv's token names another send"
             unread.difference_update(given)
             parts = [values[a] for a in given]
