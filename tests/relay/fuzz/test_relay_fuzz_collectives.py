@@ -31,6 +31,7 @@ from collective_spec import (
     Program,
     Resolved,
     Transfer,
+    assert_outputs_equal,
     programs,
     random_inputs,
     reference,
@@ -128,10 +129,6 @@ def run(mod: tvm.IRModule, form: str, inputs: list[np.ndarray]) -> list[np.ndarr
     return outputs
 
 
-def _inputs(program: Resolved) -> list[np.ndarray]:
-    return random_inputs(program, seed=len(program.ops))
-
-
 def _counts(mod: tvm.IRModule) -> dict[str, int]:
     counts = count_ops(mod, KINDS)
     return {k: counts[k] for k in KINDS}
@@ -187,19 +184,10 @@ def _check(name: str, form: str, order: str, resolved: Resolved, mod: tvm.IRModu
         assert tvm.ir.structural_equal(make_pass(name)(new), new), "not idempotent: a second run changed the module"
     changed = not tvm.ir.structural_equal(new, mod)
     if changed:
-        inputs = _inputs(resolved)
+        inputs = random_inputs(resolved)
         want, got = run(mod, form, inputs), run(new, form, inputs)
-        _assert_same(resolved, want, got)
+        assert_outputs_equal(resolved, got, want, f"{form}/{order}, after the pass vs before")
     return changed
-
-
-def _assert_same(resolved: Resolved, want: list[np.ndarray], got: list[np.ndarray]) -> None:
-    """Bitwise equal, output by output; any output past the program's is the sends' joint token."""
-    assert len(got) == len(want), f"{len(got)} outputs, expected {len(want)}"
-    for i, (w, g) in enumerate(zip(want, got)):
-        what = f"output {i} (value {resolved.outputs[i]})" if i < len(resolved.outputs) else "the sends' token"
-        assert (g.shape, g.dtype) == (w.shape, w.dtype), f"{what}: {g.shape} {g.dtype} vs {w.shape} {w.dtype}"
-        np.testing.assert_array_equal(g, w, err_msg=what)
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -213,9 +201,9 @@ def test_unoptimized_modules_mean_the_program(form: str) -> None:
         mod = build_module(resolved, form)
         note(mod.astext(show_meta_data=False))
         assert not refused(mod), "OrderSendRecv refuses a program-ordered module"
-        inputs = _inputs(resolved)
+        inputs = random_inputs(resolved)
         got, want = run(mod, form, inputs), reference(resolved, inputs)
-        _assert_same(resolved, want, got[:len(want)])
+        assert_outputs_equal(resolved, got[:len(want)], want, f"{form}, the unoptimized module vs numpy")
         assert len(got) - len(want) in (0, 1), "more than the one joint token"
 
     for_programs(check_one)
