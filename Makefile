@@ -61,7 +61,8 @@ bench: $(VENV)/.installed $(VENV_RELAY)/.installed
 
 # Differential fuzzing (not in CI's budget): FUZZ_EXAMPLES modules per pass family (op combiners: each of
 # 1-5 graphs) and per collective-combiner setting (9 settings). Defaults measured on 2 cores: Relax 400
-# (~15 min for the op combiners, ~20 min for the collective combiners), Relay 150 (~35 min for the op
+# (~15 min for the op combiners, ~20 min for the collective combiners, ~13 min for their 2-rank run:
+# FUZZ_EXAMPLES programs x 9 settings; FUZZ_RANKS=3 for a real ring), Relay 150 (~35 min for the op
 # combiners; the collective combiners' 150 are spread over 4 form/order targets).
 fuzz: $(VENV)/.installed $(VENV_RELAY)/.installed
 	@status=0; \
