@@ -9,6 +9,10 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "fuzz"))
 
 import fuzz_stats  # noqa: E402
 
+#: A fuzzed program whose recv ran before its send would wait the runtime's default 300 s (ranks
+#: launched by a test inherit it): a miscompile fails in a minute instead.
+os.environ.setdefault("TVM_COMBINERS_RECV_TIMEOUT", "60")
+
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):  # noqa: ARG001 - pytest's hook signature
     lines = fuzz_stats.summary_lines()
