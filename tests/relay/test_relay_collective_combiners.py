@@ -17,6 +17,7 @@ from tvm.relay.loops import while_loop
 import tvm_combiners.collectives.runtime  # noqa: F401 - registers the runtime functions
 from tvm_combiners.collectives import relay as C
 from tvm_combiners.collectives.combiners import relay as CB
+from tvm_combiners.collectives.relay_chains import let_chain
 
 PROG = Path(__file__).parents[1] / "collectives" / "progs" / "combiners_relay_prog.py"
 _spec = importlib.util.spec_from_file_location("combiners_relay_prog", PROG)
@@ -317,7 +318,7 @@ def test_let_form_chain_is_reordered_so_that_late_operands_combine():
     mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], late)))
     new, reports = _reports(CB.CombineCollectives, mod)
     assert [r.num_ops for r in reports] == [2] and _count_all(new, "allreduce") == 1
-    chain = CB._let_chain(new["main"].body)
+    chain = let_chain(new["main"].body)
     names = [let.var.name_hint for let in chain.lets]
     assert names[:2] == ["z", "combined_allreduce"] and sorted(names[2:]) == ["a", "b"]
     by_name = {let.var.name_hint: let.var for let in chain.lets}
@@ -341,6 +342,36 @@ def test_layered_step_in_let_form_combines_as_in_graph_form():
     assert [[(r.kind, r.num_ops) for r in reps] for reps in combined] == [[("allreduce", 2)] * 4 + [("allgather", 4)]] * 2
     args = [np.linspace(-1, 1, 64, dtype="float32").reshape(4, 16), np.eye(16, dtype="float32") * 0.5]
     _same_vm_results(let, CB.CombineCollectives()(let), args)
+
+
+def test_let_form_groups_inside_other_groups_stay_in_scope():
+    """In a chain the combiners cannot reorder, a group is built where its first member sits, and one
+    group's combined op can hold another's (a group of sends whose payload reads a collective): that
+    inner op must not read a let variable bound later. A module it would read one in comes back
+    unchanged (it stopped with TVM's InternalError); transfers whose recvs read the sends' calls
+    combine, as before tokens read let variables."""
+    x, x2, p = relay.var("x", shape=(4,)), relay.var("x2", shape=(4,)), [[0, 0]]
+    args = [np.arange(4, dtype="float32"), np.ones(4, "float32")]
+
+    def chain(*bindings, result):
+        for v, value in reversed(bindings):
+            result = relay.Let(v, value, result)
+        return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x, x2], result)))
+
+    t1, t2 = relay.var("t1", shape=(), dtype="int32"), relay.var("t2", shape=(), dtype="int32")
+    w, a2, q1, q2, r1 = (relay.var(name, shape=(4,)) for name in ("w", "a2", "q1", "q2", "r1"))
+    inner = chain((t1, C.send(x, p, channel_id=0)), (w, relay.add(x2, x2)), (a2, C.allreduce(w)),
+                  (t2, C.send(relay.add(C.allreduce(x), x2), p, channel_id=1)),  # an allreduce in a send's payload
+                  (q1, C.recv((4,), "float32", p, channel_id=0)), (q2, C.recv((4,), "float32", p, channel_id=1)),
+                  result=relay.Tuple([q1, q2, a2, t1, t2]))
+    assert CB.CombineCollectives()(inner).same_as(inner)
+    r2 = C.recv((4,), "float32", p, channel_id=1)  # not a binding: the chain is not reordered
+    loose = chain((t1, C.send(x, p, channel_id=0)), (r1, C.recv((4,), "float32", p, channel_id=0)),
+                  (t2, C.send(x2, p, channel_id=1)), result=relay.Tuple([r1, r2, t1, t2]))
+    new, reports = _reports(CB.SendRecvCombiner, loose)
+    assert [(r.kind, r.num_ops) for r in reports] == [("send_recv", 2)]
+    assert relay.analysis.well_formed(new["main"])
+    _same_vm_results(loose, new, args)
 
 
 def test_let_form_left_where_the_chain_cannot_carry_a_group():

@@ -250,6 +250,29 @@ def test_let_form_recv_reads_its_sends_variable_where_in_scope(mock_runtime):
     assert [n for n, _ in mock_runtime] == ["send", "recv"] * 2  # the shared send still runs once
 
 
+def test_let_form_send_moved_to_an_earlier_recv_takes_no_later_variable(mock_runtime):
+    """r2 is bound before the send it waits for, so its token reads that send's call, which then runs
+    at r2; the call must not carry the variable of the channel's first send, bound after r2 (TVM then
+    stopped with an InternalError: not well formed). Such a chain gets calls for tokens, as before;
+    one that no tokens can order is refused in one line."""
+    x, x2, p = var((4,)), var((4,), name="x2"), [[0, 0]]
+    r1, r2, t1, t2 = var((4,), name="r1"), var((4,), name="r2"), var((), "int32", "t1"), var((), "int32", "t2")
+    body = _let_chain((r1, C.recv((4,), "float32", p)), (r2, C.recv((4,), "float32", p, token=relay.cast(relay.max(r1), "int32"))),
+                      (t1, C.send(x, p)), (t2, C.send(x2, p)), result=relay.Tuple([r1, r2, t1, t2]))
+    ordered = C.OrderSendRecv()(module(body, [x, x2]))
+    assert relay.analysis.well_formed(ordered["main"])
+    run_both(ordered, x=np.ones(4, "float32"), x2=np.ones(4, "float32"))
+    assert [n for n, _ in mock_runtime] == ["send", "recv", "send", "recv"] * 2
+    w, r0, t, ta = var((4,), name="w"), var((4,), name="r0"), var((), "int32", "t"), var((), "int32", "ta")
+    late = _let_chain((r0, C.recv((4,), "float32", p, channel_id=1)), (w, relay.add(x, x)), (t, C.send(w, p)),
+                      (ta, C.send(relay.add(C.recv((4,), "float32", p), x2), p, channel_id=1)), result=relay.Tuple([r0, t, ta]))
+    with pytest.raises(SendRecvOrderError, match="^" + re.escape(
+            "OrderSendRecv: in function 'main', a send must run before a recv or send bound ahead of it, and the "
+            "tokens that order it read let variables bound after that; bind the sends of each channel before its "
+            "recvs") + "$"):
+        C.OrderSendRecv()(module(late, [x, x2]))
+
+
 def test_ordering_errors():
     x = var((4,))
     p = [[0, 1]]

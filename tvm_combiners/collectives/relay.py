@@ -35,6 +35,7 @@ from ..relay.shallow_mutator import ShallowExprMutator
 from . import spec as S
 from .builders import IRAdapter, make_builders
 from .ordering import OrderNode, SendRecvOrderError, index_order, payload, plan_send_recv_order
+from .relay_chains import let_chain, reorderable
 
 __all__ = [
     "allreduce",
@@ -355,6 +356,12 @@ def _binders(bound: dict[relay.Var, relay.Expr]) -> dict[relay.Expr, tuple[relay
     return out
 
 
+def moving(reg: _Region, specs: Sequence[S.CollectiveSpec | None]) -> list[bool]:
+    """Per region expression (``specs``: :func:`info` of each), whether a reorder must keep it in
+    order with the others: a collective, send or recv, or an opaque node holding some."""
+    return [i in reg.nested or (spec is not None and spec.kind != "after_all") for i, spec in enumerate(specs)]
+
+
 def order_nodes(reg: _Region) -> list[OrderNode]:
     """The order view of a region: its sends and recvs with their channels, pairs and payloads."""
     nodes: list[OrderNode] = []
@@ -416,6 +423,12 @@ def _has_p2p(body: relay.Expr) -> bool:
     return bool(found)
 
 
+def well_scoped(func: relay.Function) -> bool:
+    """Every variable bound once and read only where it is bound (what TVM checks, with an
+    InternalError, when the function enters a module)."""
+    return bool(relay.analysis.well_formed(func)) and not relay.analysis.free_vars(func)
+
+
 def _order_function(name: str, func: relay.Function) -> relay.Function:
     where = f"function '{name}'"
     if not _has_p2p(func.body):
@@ -435,8 +448,29 @@ def _order_function(name: str, func: relay.Function) -> relay.Function:
     nodes = order_nodes(reg)
     if not any(n.kind in S.P2P_KINDS for n in nodes):
         return func
-    exprs = reg.exprs
     plan = plan_send_recv_order(nodes, where)
+    # Tokens read the sends' let variables where the chain stays reorderable for the combiners
+    # (:mod:`.relay_chains`). A variable can still end up read before its binding (a send moved to a
+    # recv bound ahead of it carries the tokens it got itself): then the sends' calls, as elsewhere.
+    ways = (True, False) if reorderable(let_chain(func.body), func.body, reg, moving(reg, [info(e) for e in reg.exprs])) else (False,)
+    for through_vars in ways:
+        after = _token_sources(reg, nodes, plan, where, through_vars)
+        if not after:
+            return func
+        new = relay.Function(func.params, _AddTokens(after).visit(func.body), func.ret_type, func.type_params,
+                             func.attrs, func.span)
+        if well_scoped(new):
+            return new
+    raise SendRecvOrderError(
+        f"OrderSendRecv: in {where}, a send must run before a recv or send bound ahead of it, and the tokens that "
+        "order it read let variables bound after that; bind the sends of each channel before its recvs"
+    )
+
+
+def _token_sources(reg: _Region, nodes: list[OrderNode], plan: Any, where: str,
+                   through_vars: bool) -> dict[relay.Expr, list[relay.Expr]]:
+    """Per expression, the sends (their let variables, ``through_vars``, or calls) whose tokens it must join."""
+    exprs = reg.exprs
     anc = _ancestors(nodes)
 
     def before(a: int, b: int) -> bool:
@@ -444,9 +478,9 @@ def _order_function(name: str, func: relay.Function) -> relay.Function:
 
     def run_before(a: int, b: int) -> None:
         """Give ``b`` the token of send ``a``: through ``a``'s let variable where ``b`` sees one (the
-        send stays in its binding, and a let chain stays one the combiners can reorder); else ``a``
-        itself, which then sits where ``b`` can see it, so must read no let variable out of ``b``'s scope."""
-        var = next((v for v in reg.binders.get(exprs[a], ()) if v in reg.scopes[b]), None)
+        send stays in its binding); else ``a`` itself, which then sits where ``b`` can see it, so must
+        read no let variable out of ``b``'s scope."""
+        var = next((v for v in reg.binders.get(exprs[a], ()) if v in reg.scopes[b]), None) if through_vars else None
         if var is not None:
             after.setdefault(exprs[b], []).append(var)
             return
@@ -474,10 +508,7 @@ def _order_function(name: str, func: relay.Function) -> relay.Function:
                 "data, and Relay may run them in either order; give each transfer its own channel_id or make the "
                 "later recv depend on the earlier one (through its token)"
             )
-    if not after:
-        return func
-    body = _AddTokens(after).visit(func.body)
-    return relay.Function(func.params, body, func.ret_type, func.type_params, func.attrs, func.span)
+    return after
 
 
 def OrderSendRecv() -> tvm.transform.Pass:  # noqa: N802 - a pass factory, named like TVM's passes

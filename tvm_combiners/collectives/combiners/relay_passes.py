@@ -33,6 +33,7 @@ from ...relay.shallow_mutator import ShallowExprMutator
 from .. import spec as S
 from ..dependences import order_around_barriers
 from ..ordering import SendRecvOrderError, index_order, plan_send_recv_order
+from ..relay_chains import LetChain, let_chain, reorderable
 from .factories import pass_factories
 from .keys import (
     PackPlan,
@@ -46,7 +47,6 @@ from .options import CombinerOptions
 from .planning import plan_region
 
 _DTYPE_BITS = ir_dtype_bits(tvm.DataType)
-_REFS = (relay.RefCreate, relay.RefRead, relay.RefWrite)
 
 
 
@@ -216,46 +216,8 @@ def _units(groups: list[list[int]], transfers: list[tuple[list[int], list[int]]]
     return units
 
 
-@dataclasses.dataclass
-class _LetChain:
-    """A function body's top-level ``let v1 = e1; let v2 = e2; ...; result``, read once."""
-
-    lets: list[relay.Let]
-    result: relay.Expr
-    var_of: dict[relay.Expr, relay.Var]  # each bound value -> its variable (the last, if bound twice)
-
-
-def _let_chain(body: relay.Expr) -> _LetChain:
-    lets = []
-    while isinstance(body, relay.Let):
-        lets.append(body)
-        body = body.body
-    return _LetChain(lets, body, {let.value: let.var for let in lets})
-
-
-def _schedulable_chain(chain: _LetChain, whole: relay.Expr, reg: Any, ordered: list[bool]) -> bool:
-    """Let form where the chain can be re-emitted in the planner's order: every collective, send, recv
-    and opaque node holding some (``ordered``) is the whole value of one top-level binding and read
-    nowhere else but through its variable, so it moves exactly where the planner's order puts it; no
-    two bindings share one value; and no reference cell is read or written (the order between those
-    is not a dependence the planner sees)."""
-    values = chain.var_of
-    if len(values) != len(chain.lets) or not all(e in values for e, must in zip(reg.exprs, ordered) if must):
-        return False
-    lets = set(chain.lets)
-    for user, deps in zip(reg.exprs, reg.deps):
-        for d in deps:
-            e = reg.exprs[d]
-            if not ordered[d] or (user in lets and user.value.same_as(e)) or user.same_as(values[e]):
-                continue  # its own binding in the chain, and its variable
-            return False  # also read elsewhere (an operand, a let body): it would run twice
-    refs: list[relay.Expr] = []
-    relay.analysis.post_order_visit(whole, lambda e: refs.append(e) if isinstance(e, _REFS) else None)
-    return not refs
-
-
 def _reschedule(reg: Any, order: list[int], plan_order: list[int], units: list[_Group],
-                chain: _LetChain, opts: CombinerOptions) -> relay.Expr:
+                chain: LetChain, opts: CombinerOptions) -> relay.Expr:
     """The let chain re-emitted in the planner's contracted order, each group at its unit's place:
     ``let c = <combined op>`` then every member's variable bound to its piece of ``c``."""
     var_of = chain.var_of
@@ -341,9 +303,8 @@ def _combine_function(func: relay.Function, opts: CombinerOptions, channels: _Ch
 
     if not region.changed:
         return func
-    chain = _let_chain(func.body)
-    moves = [i in reg.nested or (spec is not None and spec.kind != "after_all") for i, spec in enumerate(specs)]
-    if chain.lets and _schedulable_chain(chain, func.body, reg, moves):
+    chain = let_chain(func.body)
+    if reorderable(chain, func.body, reg, CRL.moving(reg, specs)):
         units = _units(region.groups, region.transfers, ops, channels)
         body = _reschedule(reg, order, region.order, units, chain, opts)
     else:  # graph form, or let form the chain cannot carry: each group where its first member sits
@@ -359,7 +320,12 @@ def _combine_function(func: relay.Function, opts: CombinerOptions, channels: _Ch
         body = _Rewrite(units, opts).visit(func.body)
     # The function's type is unchanged: keep it, so a caller type-checked before this function's
     # body is inferred again still knows what it returns (InferType cannot infer it from the call).
-    return relay.Function(func.params, body, func.checked_type.ret_type, func.type_params, func.attrs, func.span)
+    new = relay.Function(func.params, body, func.checked_type.ret_type, func.type_params, func.attrs, func.span)
+    if reg.let_vars and not CRL.well_scoped(new):
+        # a group built inside another's combined op (a recv group in a send group's payload) can read
+        # a let variable bound after where that op sits: the scope check above sees members only
+        return func
+    return new
 
 
 def _used_channels(mod: tvm.IRModule) -> list[int]:
