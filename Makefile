@@ -63,7 +63,7 @@ bench: $(VENV)/.installed $(VENV_RELAY)/.installed
 # 1-5 graphs) and per collective-combiner setting (9 settings). Defaults measured on 2 cores: Relax 400
 # (~15 min for the op combiners, ~20 min for the collective combiners, ~13 min for their 2-rank run:
 # FUZZ_EXAMPLES programs x 9 settings; FUZZ_RANKS=3 for a real ring), Relay 150 (~35 min for the op
-# combiners; the collective combiners' 150 are spread over 4 form/order targets).
+# combiners; the collective combiners' 150 are spread over 4 form/order targets; ~25 min on 2 ranks).
 fuzz: $(VENV)/.installed $(VENV_RELAY)/.installed
 	@status=0; \
 	FUZZ_EXAMPLES=$(or $(FUZZ_EXAMPLES),400) $(VENV)/bin/python -m pytest -q --tb=short -p no:cacheprovider tests/fuzz || status=1; \
