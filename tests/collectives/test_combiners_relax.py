@@ -265,6 +265,32 @@ def test_send_recv_different_pairs_or_host_stay_apart():
     _same_results(mod, new, _args(params))
 
 
+@pytest.mark.parametrize("f_channel", [0, 5])
+def test_a_channel_two_functions_share_never_combines(f_channel):
+    """main sends on channels 0 and 1, calls f, then receives: when f also sends and receives on
+    channel 0, its recv gets main's payload (a channel is first in, first out across functions),
+    which neither function's matching sees. Moving main's channel-0 transfer to a fresh channel
+    handed f its own payload; on a channel only main uses, the two transfers combine."""
+    p = [[0, 0]]
+    bb = relax.BlockBuilder()
+    y = relax.Var("y", relax.TensorType((4,), "float32"))
+    with bb.function("f", [y], pure=False):
+        bb.emit(CR.send(y, p, channel_id=f_channel))
+        bb.emit_func_output(bb.emit(CR.recv((4,), "float32", p, channel_id=f_channel)))
+    f = bb.get().get_global_var("f")
+    xs = [relax.Var(f"x{i}", relax.TensorType((4,), "float32")) for i in range(3)]
+    with bb.function("main", xs, pure=False):
+        bb.emit(CR.send(xs[0], p, channel_id=0))
+        bb.emit(CR.send(xs[2], p, channel_id=1))
+        o = bb.emit(relax.Call(f, [xs[1]]))
+        recvs = [bb.emit(CR.recv((4,), "float32", p, channel_id=c)) for c in (0, 1)]
+        bb.emit_func_output(relax.Tuple([o, *recvs]))
+    mod = bb.get()
+    new, reports = _reports(CB.SendRecvCombiner, mod)
+    assert [r.num_ops for r in reports] == ([] if f_channel == 0 else [2])
+    _same_results(mod, new, _args([((4,), "float32")] * 3))
+
+
 def test_self_dependent_transfers_stay_apart():
     params = [((4,), "float32")]
 

@@ -152,6 +152,35 @@ def test_a_group_does_not_reorder_a_channels_sends(anf):
     _same_results(mod, new, params)
 
 
+@pytest.mark.parametrize("f_channel", [0, 5])
+def test_a_channel_two_functions_share_never_combines(f_channel):
+    """main sends on channel 0, calls f, receives on 0, then sends and receives on 1: when f also
+    sends and receives on channel 0, its recv gets main's payload (first in, first out across
+    functions), which neither function's matching sees. Combining main's two transfers onto a fresh
+    channel handed f its own payload; on a channel only main uses, they combine."""
+    p = [[0, 0]]
+    y = relay.var("y", shape=(4,))
+    tf, rf = relay.var("tf", shape=(), dtype="int32"), relay.var("rf", shape=(4,))
+    mod = tvm.IRModule()
+    mod["f"] = relay.Function([y], relay.Let(tf, C.send(y, p, channel_id=f_channel), relay.Let(
+        rf, C.recv((4,), "float32", p, channel_id=f_channel), relay.Tuple([rf, tf]))))
+    mod = relay.transform.InferType()(mod)  # main's call to f is typed from f's type
+    xs = _vars(*[((4,), "float32")] * 3)
+    t0, t1 = relay.var("t0", shape=(), dtype="int32"), relay.var("t1", shape=(), dtype="int32")
+    o, r0, r1 = (relay.var(name, shape=(4,)) for name in ("o", "r0", "r1"))
+    bindings = [(t0, C.send(xs[2], p, channel_id=0)), (o, relay.TupleGetItem(relay.Call(mod.get_global_var("f"), [xs[1]]), 0)),
+                (r0, C.recv((4,), "float32", p, channel_id=0)), (t1, C.send(o, p, channel_id=1)),
+                (r1, C.recv((4,), "float32", p, channel_id=1))]
+    body = relay.Tuple([o, r0, r1, t0, t1])
+    for v, value in reversed(bindings):
+        body = relay.Let(v, value, body)
+    mod["main"] = relay.Function(xs, body)
+    mod = relay.transform.InferType()(mod)
+    new, reports = _reports(CB.SendRecvCombiner, mod)
+    assert [r.num_ops for r in reports] == ([] if f_channel == 0 else [2])
+    _same_vm_results(mod, new, [P.data(0, (4,), "float32", i) for i in range(3)])
+
+
 def test_new_channels_follow_function_names():
     """A module's functions come out of its Map in an order that follows object addresses, which
     differs per process: ranks numbered the combined transfers of 8 functions differently, and each

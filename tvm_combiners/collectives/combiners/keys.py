@@ -24,7 +24,7 @@ A reduction never mixes dtypes (the key holds the dtype).
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 from ..spec import SUPPORTED_DTYPES, CollectiveSpec
@@ -202,3 +202,31 @@ def renumber_channels(used: Sequence[int], count: int) -> list[int]:
             fresh.append(candidate)
         candidate += 1
     return fresh
+
+
+class ChannelBook:
+    """A module's channel ids: fresh ones for combined transfers, and the ones shared by functions.
+
+    Fresh ids are the smallest unused ones, handed out in program order: every rank runs the same
+    program and the passes are deterministic, so every rank renumbers alike without talking. A
+    channel that two functions use (``main`` sending on 0 around a call to a function that also
+    sends and receives on 0) pairs its messages across them first in, first out, which neither
+    function's matching sees: moving one function's transfer to a fresh channel would hand the
+    other's recv a different payload, so transfers on a shared channel never combine.
+    """
+
+    def __init__(self, per_function: Iterable[Iterable[int]]) -> None:
+        used: set[int] = set()
+        shared: set[int] = set()
+        for channels in per_function:
+            mine = set(channels)
+            shared |= used & mine
+            used |= mine
+        self._used = used
+        self.shared = frozenset(shared)
+
+    def take(self) -> int:
+        (channel,) = renumber_channels(sorted(self._used), 1)
+        self._used.add(channel)
+        return channel
+

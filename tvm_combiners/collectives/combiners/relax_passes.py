@@ -40,12 +40,12 @@ from ..ordering import OrderNode, SendRecvOrderError, plan_send_recv_order
 from . import tir_kernels
 from .factories import pass_factories
 from .keys import (
+    ChannelBook,
     PackPlan,
     ccl_key,
     collective_key,
     pass_kind_of_key,
     plan_pack,
-    renumber_channels,
     transfer_key,
 )
 from .options import CombinerOptions
@@ -128,7 +128,7 @@ def _enabled(op: _Op, opts: CombinerOptions) -> bool:
 
 
 class _FunctionCombiner:
-    def __init__(self, bb: relax.BlockBuilder, opts: CombinerOptions, channels: _Channels,
+    def __init__(self, bb: relax.BlockBuilder, opts: CombinerOptions, channels: ChannelBook,
                  kernels: dict[tuple[Any, PackPlan], tvm.ir.GlobalVar]) -> None:
         self.bb = bb
         self.opts = opts
@@ -211,7 +211,8 @@ class _FunctionCombiner:
         for s, r in plan.matches:
             graph[r].deps = tuple(sorted({*graph[r].deps, s}))
         transfers = sorted((s, r, ops[s].key) for s, r in plan.matches  # type: ignore[union-attr]
-                           if ops[s] is not None and ops[r] is not None)
+                           if ops[s] is not None and ops[r] is not None
+                           and ops[s].spec.channel_id not in self.channels.shared)  # type: ignore[union-attr]
         return transfers, plan.channels
 
     # ------------------------------------------------------------------ emission
@@ -305,22 +306,6 @@ class _FunctionCombiner:
         return pre + self._pack_unpack(plan, [], False, collective, [b.var for b in bindings])
 
 
-class _Channels:
-    """Fresh channel ids for combined transfers, the smallest unused ones, in program order.
-
-    Every rank runs the same program and this pass is deterministic, so every rank renumbers the
-    same way without talking to the others.
-    """
-
-    def __init__(self, used: list[int]) -> None:
-        self._used = set(used)
-
-    def take(self) -> int:
-        (channel,) = renumber_channels(sorted(self._used), 1)
-        self._used.add(channel)
-        return channel
-
-
 def _is_ccl(value: Any) -> bool:
     return isinstance(value, relax.Call) and isinstance(value.op, ir.Op) and value.op.name in _CCL
 
@@ -329,18 +314,21 @@ def _call(spec: S.CollectiveSpec, args: list[relax.Expr]) -> relax.Call:
     return relax.Call(ir.Op.get(spec.op_name_relax), list(args), ir.make_node("ir.DictAttrs", **spec.attrs()))
 
 
-def _used_channels(mod: tvm.IRModule) -> list[int]:
-    used: list[int] = []
-
-    def visit(e: Any) -> None:
-        spec = CR.info(e)
-        if spec is not None and spec.channel_id is not None:
-            used.append(spec.channel_id)
-
+def _channels_by_function(mod: tvm.IRModule) -> list[list[int]]:
+    """The channel ids of each function's sends and recvs."""
+    out: list[list[int]] = []
     for _, func in mod.functions_items():
         if isinstance(func, relax.Function):
+            used: list[int] = []
+
+            def visit(e: Any, used: list[int] = used) -> None:
+                spec = CR.info(e)
+                if spec is not None and spec.kind in S.P2P_KINDS:
+                    used.append(spec.channel_id)
+
             relax.analysis.post_order_visit(func.body, visit)
-    return used
+            out.append(used)
+    return out
 
 
 def _rebuild(units: list[tuple[Any, bool]], dataflow: bool) -> list[relax.BindingBlock]:
@@ -356,7 +344,7 @@ def _combine_module(mod: tvm.IRModule, opts: CombinerOptions) -> tvm.IRModule:
     if "send_recv" in opts.families:
         mod = CR.OrderSendRecv()(mod)  # sends before their recvs: the matches below rely on it
     bb = relax.BlockBuilder(mod)
-    channels = _Channels(_used_channels(mod))
+    channels = ChannelBook(_channels_by_function(mod))
     kernels: dict[tuple[Any, PackPlan], tvm.ir.GlobalVar] = {}
     updates = {}
     for gv, func in mod.functions_items():

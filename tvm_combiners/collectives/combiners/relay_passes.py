@@ -36,11 +36,11 @@ from ..ordering import SendRecvOrderError, index_order, plan_send_recv_order
 from ..relay_chains import LetChain, let_chain, reorderable
 from .factories import pass_factories
 from .keys import (
+    ChannelBook,
     PackPlan,
     collective_key,
     pass_kind_of_key,
     plan_pack,
-    renumber_channels,
     transfer_key,
 )
 from .options import CombinerOptions
@@ -207,7 +207,7 @@ class _Rewrite(ShallowExprMutator):
 
 
 def _units(groups: list[list[int]], transfers: list[tuple[list[int], list[int]]], ops: list[Any],
-           channels: _Channels) -> list[_Group]:
+           channels: ChannelBook) -> list[_Group]:
     """The planner's units (:attr:`.planning.RegionPlan.units` order), transfers on fresh channels."""
     units: list[_Group] = [("collective", [ops[m] for m in g], None) for g in groups]
     for sends, recvs in transfers:
@@ -239,19 +239,7 @@ def _reschedule(reg: Any, order: list[int], plan_order: list[int], units: list[_
     return body
 
 
-class _Channels:
-    """Fresh channel ids (the smallest unused), handed out in program order: the same on every rank."""
-
-    def __init__(self, used: list[int]) -> None:
-        self._used = set(used)
-
-    def take(self) -> int:
-        (channel,) = renumber_channels(sorted(self._used), 1)
-        self._used.add(channel)
-        return channel
-
-
-def _combine_function(func: relay.Function, opts: CombinerOptions, channels: _Channels) -> relay.Function:
+def _combine_function(func: relay.Function, opts: CombinerOptions, channels: ChannelBook) -> relay.Function:
     """Combine the collectives of the function's top-level region (:func:`..relay.region`).
 
     Left unchanged where nothing is provable: dependences in a cycle, or a send or recv out of the
@@ -294,7 +282,8 @@ def _combine_function(func: relay.Function, opts: CombinerOptions, channels: _Ch
     transfers: list[tuple[int, int, Hashable]] = []
     for s, r in matches:
         s2, r2 = at[s], at[r]
-        if ops[s2] is not None and ops[r2] is not None and ops[s2].key == ops[r2].key:
+        if (ops[s2] is not None and ops[r2] is not None and ops[s2].key == ops[r2].key
+                and ops[s2].spec.channel_id not in channels.shared):
             transfers.append((s2, r2, ops[s2].key))
     transfers.sort()
     keys = [op.key if op is not None and op.family not in ("send", "recv") else None for op in ops]
@@ -328,18 +317,16 @@ def _combine_function(func: relay.Function, opts: CombinerOptions, channels: _Ch
     return new
 
 
-def _used_channels(mod: tvm.IRModule) -> list[int]:
-    used: list[int] = []
-
-    def visit(e: Any) -> None:
-        spec = CRL.info(e)
-        if spec is not None and spec.channel_id is not None:
-            used.append(spec.channel_id)
-
+def _channels_by_function(mod: tvm.IRModule) -> list[list[int]]:
+    """The channel ids of each function's sends and recvs."""
+    out: list[list[int]] = []
     for _, func in mod.functions.items():
         if isinstance(func, relay.Function):
-            relay.analysis.post_order_visit(func.body, visit)
-    return used
+            used: list[int] = []
+            relay.analysis.post_order_visit(func.body, lambda e, used=used: used.append(CRL.info(e).channel_id)
+                                            if CRL.is_collective(e, S.P2P_KINDS) else None)
+            out.append(used)
+    return out
 
 
 def _combine_module(mod: tvm.IRModule, opts: CombinerOptions) -> tvm.IRModule:
@@ -356,7 +343,7 @@ def _combine_module(mod: tvm.IRModule, opts: CombinerOptions) -> tvm.IRModule:
             raise
         return original  # transfers without a provable order: no collective moves among them
     mod = relay.transform.InferType()(mod)
-    channels = _Channels(_used_channels(mod))
+    channels = ChannelBook(_channels_by_function(mod))
     updates = {}
     # by name: every rank numbers the new channels alike (a Map's order follows object addresses,
     # and ranks that numbered 8 functions differently received each other's payloads)
