@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tvm
+from test_relay_collectives import _let_chain
 from tvm import relay
 from tvm.relay.loops import while_loop
 
@@ -171,10 +172,7 @@ def test_a_channel_two_functions_share_never_combines(f_channel):
     bindings = [(t0, C.send(xs[2], p, channel_id=0)), (o, relay.TupleGetItem(relay.Call(mod.get_global_var("f"), [xs[1]]), 0)),
                 (r0, C.recv((4,), "float32", p, channel_id=0)), (t1, C.send(o, p, channel_id=1)),
                 (r1, C.recv((4,), "float32", p, channel_id=1))]
-    body = relay.Tuple([o, r0, r1, t0, t1])
-    for v, value in reversed(bindings):
-        body = relay.Let(v, value, body)
-    mod["main"] = relay.Function(xs, body)
+    mod["main"] = relay.Function(xs, _let_chain(*bindings, result=relay.Tuple([o, r0, r1, t0, t1])))
     mod = relay.transform.InferType()(mod)
     new, reports = _reports(CB.SendRecvCombiner, mod)
     assert [r.num_ops for r in reports] == ([] if f_channel == 0 else [2])
@@ -383,9 +381,7 @@ def test_let_form_groups_inside_other_groups_stay_in_scope():
     args = [np.arange(4, dtype="float32"), np.ones(4, "float32")]
 
     def chain(*bindings, result):
-        for v, value in reversed(bindings):
-            result = relay.Let(v, value, result)
-        return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x, x2], result)))
+        return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x, x2], _let_chain(*bindings, result=result))))
 
     t1, t2 = relay.var("t1", shape=(), dtype="int32"), relay.var("t2", shape=(), dtype="int32")
     w, a2, q1, q2, r1 = (relay.var(name, shape=(4,)) for name in ("w", "a2", "q1", "q2", "r1"))

@@ -452,14 +452,16 @@ def _order_function(name: str, func: relay.Function) -> relay.Function:
     # Tokens read the sends' let variables where the chain stays reorderable for the combiners
     # (:mod:`.relay_chains`). A variable can still end up read before its binding (a send moved to a
     # recv bound ahead of it carries the tokens it got itself): then the sends' calls, as elsewhere.
-    ways = (True, False) if reorderable(let_chain(func.body), func.body, reg, moving(reg, [info(e) for e in reg.exprs])) else (False,)
-    for through_vars in ways:
+    # Graph form has no let variables: nothing to read through, nothing to read out of scope.
+    chain = let_chain(func.body)
+    reads_vars = bool(chain.lets) and reorderable(chain, func.body, reg, moving(reg, [info(e) for e in reg.exprs]))
+    for through_vars in (True, False) if reads_vars else (False,):
         after = _token_sources(reg, nodes, plan, where, through_vars)
         if not after:
             return func
         new = relay.Function(func.params, _AddTokens(after).visit(func.body), func.ret_type, func.type_params,
                              func.attrs, func.span)
-        if well_scoped(new):
+        if not reg.let_vars or well_scoped(new):
             return new
     raise SendRecvOrderError(
         f"OrderSendRecv: in {where}, a send must run before a recv or send bound ahead of it, and the tokens that "

@@ -229,4 +229,3 @@ class ChannelBook:
         (channel,) = renumber_channels(sorted(self._used), 1)
         self._used.add(channel)
         return channel
-
