@@ -19,6 +19,7 @@ producing a program that waits forever.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -225,14 +226,30 @@ allreduce, allgather, reduce_scatter, send, recv, after_all = make_builders(
 # --------------------------------------------------------------------------- read back
 
 
+_KIND_OF_OP = {S.relax_op_name(kind): kind for kind in S.KINDS}
+#: op handle -> (op, its name): ops are registered once and live as long as the process, and
+#: reading a name through the FFI costs more than the rest of :func:`info`, which passes call on
+#: every expression of a module
+_OP_NAMES: dict[int, tuple[ir.Op, str]] = {}
+
+
+def op_name(op: ir.Op) -> str:
+    handle = op.__chandle__()
+    known = _OP_NAMES.get(handle)
+    if known is None:
+        known = _OP_NAMES[handle] = (op, op.name)
+    return known[1]
+
+
 def info(expr: Any) -> S.CollectiveSpec | None:
     """The spec of a collective call (kind, reduction, axis, groups, pairs, ...), None otherwise."""
-    if not isinstance(expr, relax.Call) or not isinstance(expr.op, ir.Op):
+    if not isinstance(expr, relax.Call):
         return None
-    kind = S.kind_of_op_name(expr.op.name)
-    if kind is None or not expr.op.name.startswith(S.RELAX_PREFIX):
+    op = expr.op
+    if not isinstance(op, ir.Op):
         return None
-    return S.CollectiveSpec.from_attrs(kind, expr.attrs)
+    kind = _KIND_OF_OP.get(op_name(op))
+    return None if kind is None else S.CollectiveSpec.from_attrs(kind, expr.attrs)
 
 
 def is_collective(expr: Any, kinds: Sequence[str] = S.KINDS) -> bool:
@@ -336,17 +353,20 @@ def _nested_p2p(value: relax.Expr) -> bool:
     return found[0]
 
 
-def _order_nodes(units: list[tuple[Any, bool]], where: str) -> list[OrderNode]:
-    nodes: list[OrderNode] = []
-    for (unit, is_block), deps in zip(units, dependences(units)):
-        node = OrderNode("other", tuple(sorted(deps)))
+def _order_nodes(units: list[tuple[Any, bool]], where: str) -> list[OrderNode] | None:
+    """The units as the ordering sees them; None when no top-level unit sends or receives (the
+    dependences, most of the cost, are then never computed)."""
+    kinds: list[tuple[str, OrderNode | None]] = []
+    for unit, is_block in units:
+        kind, node = "other", None
         if not is_block:
             spec = info(unit.value)
             if spec is not None and spec.kind == "send":
-                node = OrderNode("send", node.deps, spec.channel_id, spec.pairs, payload(*_dims(_type_of(unit.value.args[0]))))
+                kind, node = "send", OrderNode("send", (), spec.channel_id, spec.pairs,
+                                               payload(*_dims(_type_of(unit.value.args[0]))))
             elif spec is not None and spec.kind == "recv":
                 assert spec.shape is not None and spec.dtype is not None
-                node = OrderNode("recv", node.deps, spec.channel_id, spec.pairs, payload(spec.shape, spec.dtype))
+                kind, node = "recv", OrderNode("recv", (), spec.channel_id, spec.pairs, payload(spec.shape, spec.dtype))
             elif spec is None and relax.analysis.contains_impure_call(unit.value):
                 if not isinstance(unit.value, relax.Call) and _nested_p2p(unit.value):
                     raise SendRecvOrderError(
@@ -354,9 +374,12 @@ def _order_nodes(units: list[tuple[Any, bool]], where: str) -> list[OrderNode]:
                         "be top-level bindings of the function (move the branch into its own function or the "
                         "transfer out of the branch)"
                     )
-                node = OrderNode("effect", node.deps)
-        nodes.append(node)
-    return nodes
+                kind = "effect"
+        kinds.append((kind, node))
+    if not any(kind in S.P2P_KINDS for kind, _ in kinds):
+        return None
+    return [OrderNode(kind, tuple(sorted(deps))) if node is None else dataclasses.replace(node, deps=tuple(sorted(deps)))
+            for (kind, node), deps in zip(kinds, dependences(units))]
 
 
 def _plan(name: str, func: relax.Function) -> tuple[list[tuple[Any, bool]], OrderPlan] | None:
@@ -365,7 +388,7 @@ def _plan(name: str, func: relax.Function) -> tuple[list[tuple[Any, bool]], Orde
     units = _units(func.body)
     where = f"function '{name}'"
     nodes = _order_nodes(units, where)
-    if not any(n.kind in S.P2P_KINDS for n in nodes):
+    if nodes is None:
         return None
     return units, plan_send_recv_order(nodes, where)
 

@@ -143,9 +143,8 @@ class Graph:
         node = Node(index=len(self.nodes), **kwargs)
         if node.dtype is not None and node.bits is None:
             node.bits = self.dtype_bits(node.dtype)
-        for d in node.deps:
-            if d >= node.index:
-                raise ValueError(f"node {node.index} ({node.op}) depends on later node {d}")
+        if node.deps and max(node.deps) >= node.index:
+            raise ValueError(f"node {node.index} ({node.op}) depends on later node {max(node.deps)}")
         self.nodes.append(node)
         return node
 
@@ -256,21 +255,19 @@ def contracted_order(graph: Graph, groups: Sequence[Sequence[int]], is_leaf: Cal
     Linear in the graph (times a log for the heap): the planner uses it to prove a whole set of
     groups acyclic at once instead of recomputing reachability after every group.
     """
-    owner: dict[int, int] = {}
-    for g, members in enumerate(groups):
-        for m in members:
-            owner[m] = -1 - g
-
-    def skipped(node: int) -> bool:  # a group member is never a leaf: its users depend on the group
-        return node not in owner and is_leaf(node)
-
+    owner = {m: -1 - g for g, members in enumerate(groups) for m in members}
+    # a group member is never a leaf: its users depend on the group
+    skipped = [i not in owner and is_leaf(i) for i in range(len(graph))]
     deps: dict[int, set[int]] = {}
     for node in graph.nodes:
-        if skipped(node.index):
+        i = node.index
+        if skipped[i]:
             continue
-        u = owner.get(node.index, node.index)
-        own = deps.setdefault(u, set())
-        own.update(owner.get(d, d) for d in node.deps if not skipped(d))
+        u = owner.get(i, i)
+        own = deps.get(u)
+        if own is None:
+            own = deps[u] = set()
+        own.update([owner.get(d, d) for d in node.deps if not skipped[d]])
         own.discard(u)
     users: dict[int, list[int]] = {u: [] for u in deps}
     pending = {u: len(d) for u, d in deps.items()}

@@ -47,12 +47,15 @@ def _aliases(T: Any, plan: PackPlan, flat: Any, length: int) -> dict[str, Any]:
     for seg in plan.segments:
         if seg.dtype not in names:
             count = length * itemsize(plan.flat_dtype) // itemsize(seg.dtype)
-            names[seg.dtype] = T.decl_buffer((count,), seg.dtype, data=flat.data)
+            names[seg.dtype] = T.decl_buffer((count,), seg.dtype, data=flat.data, layout=None)
     return names
 
 
 def _flat(T: Any, buf: Any, seg: Segment, size: int) -> Any:
-    return T.decl_buffer((max(1, size),), seg.dtype, data=buf.data)
+    """``layout=None``: what an ``s_tir`` function's buffers get anyway. The default makes TVMScript
+    scan the whole frame stack for the enclosing function, and every buffer declared so far is a
+    frame on it: a 500-operand kernel took 4 s instead of 0.3 s."""
+    return T.decl_buffer((max(1, size),), seg.dtype, data=buf.data, layout=None)
 
 
 def pack_func(plan: PackPlan, name: str) -> Any:
