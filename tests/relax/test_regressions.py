@@ -5,6 +5,7 @@ asserts the correct behaviour: op counts and equal outputs against the unoptimiz
 """
 
 import numpy as np
+import tvm
 from helpers import R, assert_same_outputs, make_module, ops, random_inputs, run
 from tvm import relax
 
@@ -94,3 +95,57 @@ def test_symbolic_extents_of_one_name_are_told_apart():
         args = [rng.standard_normal(s).astype(F32) for s in ((1, 4, 8), (2, 8, 3), (2 if combines else 3, 8, 5))]
         for got, want in zip(run(new, args), (args[0] @ args[1], args[0] @ args[2])):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_prim_argument_keeps_its_position():
+    """Review finding (2026-11-25): ``subtract(y, 2.0)`` beside ``subtract(2.0, y)`` became one
+    ``subtract(combined, 2.0)``: the follower key dropped where its non-tensor arguments stand, so
+    the second branch computed ``y - 2`` (16.6 off). They are different ops and stay apart."""
+    two = relax.prim_value(tvm.tirx.FloatImm(F32, 2.0))
+
+    def body(bb, x):
+        a, b = (bb.emit(R.matmul(x, _const((8, n), n))) for n in (4, 3))
+        return [bb.emit(R.subtract(a, two)), bb.emit(R.subtract(two, b))]
+
+    mod = make_module({"x": ((4, 8), F32)}, body)
+    new = CombineParallelMatmul()(mod)
+    assert ops(new, "matmul") == 1 and ops(new, "subtract") == 2  # the followers stay apart
+    assert_same_outputs(mod, new, random_inputs(mod))
+
+
+def test_maximum_operands_are_never_swapped_between_branches():
+    """Review finding (2026-11-25): ``maximum(a, s1)`` beside ``maximum(s2, b)`` combined as if
+    maximum were commutative. TVM's float maximum(p, q) returns q where p is NaN, so the second
+    branch's NaNs moved. Only add and multiply swap operands (bit for bit, NaNs included)."""
+
+    def body(bb, x, w1, w2, s1, s2):
+        a, b, c, d = (bb.emit(R.matmul(v, w)) for v in (x, R.negative(x)) for w in (w1, w2))
+        return [bb.emit(R.maximum(a, s1)), bb.emit(R.maximum(s2, b)), bb.emit(R.minimum(s1, c)), bb.emit(R.minimum(d, s2))]
+
+    mod = make_module({"x": ((2, 3), F32), "w1": ((3, 4), F32), "w2": ((3, 4), F32), "s1": ((4,), F32),
+                       "s2": ((4,), F32)}, body)
+    new = CombineParallelMatmul()(mod)
+    assert ops(new, "matmul") == 2 and ops(new, "maximum") == 2 and ops(new, "minimum") == 2
+    inputs = random_inputs(mod)
+    inputs[0][0, 0] = inputs[4][2] = np.nan  # row 0 of both matmuls, one element of s2
+    for got, want in zip(run(new, inputs), run(mod, inputs)):
+        np.testing.assert_array_equal(got, want)  # NaNs where the original has them, the rest equal
+
+
+def test_a_binding_using_a_dim_stays_after_the_match_cast_naming_it():
+    """Review finding (2026-11-25): ``r = reshape(z, (n, 8))`` reads no value of the match_cast
+    that defines ``n``, so the schedule moved it, with the group's other inputs, ahead of the
+    cast: a module that is not well formed and fails to compile. Uses of a dim are dependences."""
+    n = tvm.tirx.Var("n", "int64")
+
+    def body(bb, x, w1, w2, z):
+        y1 = bb.emit(R.matmul(x, w1))
+        cast = bb.match_cast(y1, relax.TensorType((n, 8), F32))
+        reshaped = bb.emit(R.reshape(z, relax.ShapeExpr([n, 8])))
+        y2 = bb.emit(R.matmul(x, bb.emit(R.exp(w2))))  # the group waits for exp: it sits after the cast
+        return [cast, reshaped, y2]
+
+    mod = make_module({"x": ((4, 8), F32), "w1": ((8, 8), F32), "w2": ((8, 8), F32), "z": ((4, 8), F32)}, body)
+    new = CombineParallelMatmul()(mod)
+    assert ops(new, "matmul") == 1
+    assert_same_outputs(mod, new, random_inputs(mod))  # checks well-formedness first

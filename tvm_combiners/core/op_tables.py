@@ -22,5 +22,7 @@ BROADCAST_BINARY = frozenset(
 
 FOLLOWERS = ELEMENTWISE_UNARY | BROADCAST_BINARY
 
-#: Binary followers whose operands may be swapped between branches.
-COMMUTATIVE = frozenset({"add", "multiply", "maximum", "minimum"})
+#: Binary followers whose operands may be swapped between branches: bit for bit, NaNs included.
+#: Not ``maximum``/``minimum``: TVM's float maximum(p, q) gives q where p is NaN, so swapping the
+#: operands of one branch moved NaNs (found 2026-11-25).
+COMMUTATIVE = frozenset({"add", "multiply"})

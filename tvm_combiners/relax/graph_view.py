@@ -50,8 +50,20 @@ def dims_of(ty: Any, shapes: dict[int, tuple[Any, tuple[Dim, ...]]]) -> tuple[Di
     return shapes[handle][1]
 
 
-def dtype_of(ty: Any) -> str | None:
-    return str(ty.dtype) if isinstance(ty, relax.TensorType) else None
+def dtype_of(ty: Any, dtypes: dict[int, tuple[Any, str]]) -> str | None:
+    """The dtype's name; ``dtypes`` maps dtype handles to (dtype, name), since tensor types share
+    their dtype object and printing one costs ten times reading its handle."""
+    if not isinstance(ty, relax.TensorType):
+        return None
+    dtype = ty.dtype
+    handle = dtype.__chandle__()
+    if handle not in dtypes:  # kept referenced, as in dims_of
+        dtypes[handle] = dtype, str(dtype)
+    return dtypes[handle][1]
+
+
+#: The key of a call without type arguments (almost every call): hashing an empty array is not free.
+_NO_TY_ARGS = struct_key([])
 
 
 Constant = tvm.ir.expr.Constant
@@ -84,14 +96,29 @@ def build_block_view(block: relax.DataflowBlock) -> BlockView:
 
     Nodes are found by object handle: a dict keyed by the Relax object would call its Python
     ``__eq__`` (which reads the type through the FFI) on every lookup, as each field read returns
-    a fresh wrapper. A call whose arguments are all known vars and constants takes its free vars
-    from the arguments; any other value asks ``free_vars``.
+    a fresh wrapper. An op call whose arguments are all vars and constants takes its free vars
+    from the arguments, in their order; any other value asks ``free_vars``.
     """
     graph = Graph(dtype_bits=_DTYPE_BITS)
     bindings: list[Any] = []
     view = BlockView(graph, bindings)
     index: dict[int, int] = {}
     shapes: dict[int, tuple[Any, tuple[Dim, ...]]] = {}
+    dtypes: dict[int, tuple[Any, str]] = {}
+    op_names: dict[int, tuple[Any, str]] = {}
+    # symbolic dim handle -> (dim, the match_cast in this block that names it first): a binding
+    # using the dim must stay after that cast, though it reads none of its values
+    dims_cast: dict[int, tuple[Any, int]] = {}
+
+    def cast_dims(value: Any, ty: Any) -> list[int]:
+        used = [*relax.analysis.free_symbolic_vars(value), *relax.analysis.tir_vars_in_type(ty)]
+        return list(dict.fromkeys(dims_cast[h][1] for v in used if (h := v.__chandle__()) in dims_cast))
+
+    def op_name_of(op: Any) -> str:
+        handle = op.__chandle__()
+        if handle not in op_names:
+            op_names[handle] = op, op.name
+        return op_names[handle][1]
 
     def leaf(expr: Any) -> int:
         handle = expr.__chandle__()
@@ -99,73 +126,105 @@ def build_block_view(block: relax.DataflowBlock) -> BlockView:
             ty = expr.ty
             dims = dims_of(ty, shapes)
             key = constant_key(dims, lambda: constant_array(expr)) if isinstance(expr, Constant) else None
-            node = graph.add(op=type(expr).__name__, operands=(), deps=(), shape=dims, dtype=dtype_of(ty),
+            node = graph.add(op=type(expr).__name__, operands=(), deps=(), shape=dims, dtype=dtype_of(ty, dtypes),
                              value_key=key, handle=expr)
             index[handle] = node.index
             bindings.append(None)
         return index[handle]
 
-    def known(args: list[Any]) -> bool:
-        return all(isinstance(a, Constant) or a.__chandle__() in index for a in args)
+    def read_args(args: list[Any], strict: bool) -> tuple[list[int], list[int], list[int], list[Any]] | None:
+        """In one pass: the vars the args read, the tensor operands (nodes, or tensor constants not
+        yet made leaves) with their positions, and keys of the other args (attributes).
+        ``strict``: None when an arg is neither a known var nor a constant (a shape or tuple: the
+        caller asks ``free_vars``)."""
+        read: list[int] = []
+        operands: list[Any] = []
+        positions: list[int] = []
+        others: list[Any] = []
+        for pos, arg in enumerate(args):
+            if isinstance(arg, Constant):  # prim values and strings are Constants too in 0.27: attributes
+                if isinstance(arg.ty, relax.TensorType):
+                    operands.append(arg)
+                    positions.append(pos)
+                else:
+                    others.append((pos, struct_key(arg)))
+                continue
+            node = index.get(arg.__chandle__())
+            if node is None:
+                if strict:
+                    return None
+                others.append((pos, struct_key(arg)))
+                continue
+            read.append(node)
+            if graph.nodes[node].dtype is not None:  # a tensor (a shape or prim var is an attribute)
+                operands.append(node)
+                positions.append(pos)
+            else:
+                others.append((pos, struct_key(arg)))
+        return read, operands, positions, others
 
-    def free_vars(value: Any, args: list[Any] | None) -> list[int]:
-        if args is None or not known(args):
-            free = [leaf(v) for v in relax.analysis.free_vars(value)]
-            if args is None or not known(args):  # a shape or a tuple among the args
-                return free
-        # the same list for the same call, whether or not its vars were seen before
-        return list(dict.fromkeys(index[a.__chandle__()] for a in args if not isinstance(a, Constant)))
+    def analysed_free_vars(value: Any) -> list[int]:
+        return [leaf(v) for v in relax.analysis.free_vars(value)]
 
     for binding in items(block.bindings):
         value, var = binding.value, binding.var
-        is_op_call = isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
-        args = items(value.args) if is_op_call else None
-        free = free_vars(value, args)
+        is_call = isinstance(value, relax.Call)
+        op = value.op if is_call else None
+        is_op_call = is_call and isinstance(op, tvm.ir.Op)
+        args = items(value.args) if is_call else None
+        is_var_call = is_call and isinstance(binding, relax.VarBinding)
+        read = read_args(args, strict=True) if is_op_call else None
+        if read is None:
+            free = analysed_free_vars(value)  # its vars are leaves now
+            read = read_args(args, strict=True) if is_op_call else None
+        if read is not None:  # the same list for the same call, whether or not its vars were seen before
+            free = list(dict.fromkeys(read[0]))
+        elif is_var_call:
+            read = read_args(args, strict=False)
         operands: list[int] = []
         positions: list[int] = []
         op_name, value_key = type(value).__name__, None
-        if isinstance(value, relax.Call) and isinstance(binding, relax.VarBinding):
-            if args is None:
-                args = items(value.args)
-            for pos, arg in enumerate(args):
-                # prim values and strings are Constants too in 0.27: attributes, never nodes
-                tensor_constant = isinstance(arg, Constant) and isinstance(arg.ty, relax.TensorType)
-                if tensor_constant or (isinstance(arg, relax.Var) and arg.__chandle__() in index):
-                    operand = leaf(arg)
-                    if graph[operand].dtype is not None:  # a tensor (a shape or prim var is an attribute)
-                        operands.append(operand)
-                        positions.append(pos)
-            others = tuple((pos, struct_key(a)) for pos, a in enumerate(args) if pos not in positions)
-            op_name = value.op.name if is_op_call else str(value.op)
-            value_key = (op_name, struct_key(value.attrs), others, struct_key(items(value.ty_args)))
-        deps = tuple(operands + free)  # ordered, repeats kept: value numbering needs both
+        if is_var_call:
+            _, operands, positions, others = read
+            operands = [o if isinstance(o, int) else leaf(o) for o in operands]
+            others = tuple(others)
+            op_name = op_name_of(op) if is_op_call else str(op)
+            ty_args = value.ty_args
+            value_key = (op_name, struct_key(value.attrs), others,
+                         struct_key(items(ty_args)) if _ARRAY_SIZE(ty_args) else _NO_TY_ARGS)
         ty = var.ty
+        if dims_cast:
+            free = free + [n for n in cast_dims(value, ty) if n not in free]
+        deps = tuple(operands + free)  # ordered, repeats kept: value numbering needs both
         node = graph.add(
             op=op_name.removeprefix("relax."),
             operands=tuple(operands),
             deps=deps,
             shape=dims_of(ty, shapes),
-            dtype=dtype_of(ty),
+            dtype=dtype_of(ty, dtypes),
             value_key=value_key,
             escapes=not isinstance(var, relax.DataflowVar),
             handle=var,
         )
         index[var.__chandle__()] = node.index
         bindings.append(binding)
+        if isinstance(binding, relax.MatchCast):
+            for dim in relax.analysis.tir_vars_in_type(binding.ty):
+                dims_cast.setdefault(dim.__chandle__(), (dim, node.index))
         view.arg_positions[node.index] = tuple(positions)
         if is_op_call and value_key is not None:
-            _classify(node, value, others, graph)
+            _classify(node, value, value_key[1], others, graph)
     return view
 
 
-def _classify(node: Any, call: relax.Call, others: tuple[tuple[int, StructKey], ...], graph: Graph) -> None:
+def _classify(node: Any, call: relax.Call, attrs: StructKey, others: tuple[tuple[int, StructKey], ...],
+              graph: Graph) -> None:
     name = node.op
     if name == "split":
         sections = call.attrs.indices_or_sections
         node.split_sections = int(sections) if isinstance(sections, (int, tvm.tirx.IntImm)) else len(sections) + 1
-    elif name in FOLLOWERS:
-        others = tuple(key for _, key in others)
-        node.follower = FollowerInfo((name, struct_key(call.attrs), others), commutative=name in COMMUTATIVE)
+    elif name in FOLLOWERS:  # other args keep their positions: subtract(y, 2.0) is not subtract(2.0, y)
+        node.follower = FollowerInfo((name, attrs, others), commutative=name in COMMUTATIVE)
     elif name == "matmul" and len(node.operands) == 2:
         node.root = _matmul_root(call, graph, node)
     elif name == "nn.conv2d" and len(node.operands) == 2:
