@@ -9,7 +9,7 @@ import tvm
 from helpers import R, assert_same_outputs, make_module, ops, random_inputs, run
 from tvm import relax
 
-from tvm_combiners.relax import CombineParallelMatmul
+from tvm_combiners.relax import CombineParallelMatmul, CombineParallelOps
 
 F32 = "float32"
 
@@ -149,3 +149,28 @@ def test_a_binding_using_a_dim_stays_after_the_match_cast_naming_it():
     new = CombineParallelMatmul()(mod)
     assert ops(new, "matmul") == 1
     assert_same_outputs(mod, new, random_inputs(mod))  # checks well-formedness first
+
+
+def test_a_chain_of_dependent_roots_is_planned_once_per_root(monkeypatch):
+    """Review finding (2026-11-25): an unrolled RNN's ``h_t @ U`` share ``U`` but each reads the
+    last, so no root has a partner; every root then tried every later one with a full plan, T^2/2
+    plans (32.9 s at T=800, 0.57 s now). The x_t @ W of the same steps still combine."""
+    from tvm_combiners.core import branch_grouping
+
+    steps, hidden = 60, 8
+    plans = []
+    original = branch_grouping._Planner._plan
+    monkeypatch.setattr(branch_grouping._Planner, "_plan", lambda self, *a: plans.append(1) or original(self, *a))
+
+    def body(bb, x, h):
+        w, u = _const((hidden, hidden), 1), _const((hidden, hidden), 2)
+        for t in range(steps):
+            xt = bb.emit(R.reshape(bb.emit(R.strided_slice(x, [0], [t], [t + 1])), (1, hidden)))
+            h = bb.emit(R.tanh(bb.emit(R.add(bb.emit(R.matmul(xt, w)), bb.emit(R.matmul(h, u))))))
+        return h
+
+    mod = make_module({"x": ((steps, 1, hidden), F32), "h": ((1, hidden), F32)}, body)
+    new = CombineParallelOps()(mod)
+    assert ops(new, "matmul") == steps + 1  # the x_t @ W as one, every h_t @ U on its own
+    assert len(plans) <= 2 * steps, len(plans)
+    assert_same_outputs(mod, new, random_inputs(mod), atol=1e-4)

@@ -237,7 +237,11 @@ class _Planner:
         while len(remaining) >= self.options.min_num_branches:
             chosen = self._choose_roots(remaining)
             plan = self._plan(chosen, stacked) if len(chosen) >= self.options.min_num_branches else None
-            if plan is None:  # followers brought a dependency or a limit: try candidates one by one
+            # Followers brought a dependency or a limit: try candidates one by one. Not when no
+            # root can join the first at all: one by one checks the same pairs (and more), so it
+            # would find none either, and a chain of dependent roots (an unrolled RNN's h @ U)
+            # made that n full plans per root, n^2 in all.
+            if plan is None and len(chosen) > 1:
                 chosen, plan = self._choose_one_by_one(remaining, stacked)
             if plan is None or len(chosen) < self.options.min_num_branches:
                 remaining = remaining[1:]
@@ -262,15 +266,18 @@ class _Planner:
         members = 1 << remaining[0]
         inputs = self._closure(self._shared(remaining[0])) | self._closure(self._own(remaining[0]))
         symbolic = self._symbolic(remaining[0])  # counted as we go: re-counting per candidate is n^2
+        ancestors = self.reach.ancestors
         for candidate in remaining[1:]:
+            own = self._own(candidate)
+            closure = ancestors(own) | 1 << own
+            if (inputs | closure) & (members | 1 << candidate):
+                continue  # an operand reads another branch (or the other way round): checked first, as
+                # the cheapest and the usual refusal (a chain of dependent roots refuses every pair)
             if symbolic + self._symbolic(candidate) > 1:
                 continue  # at most one branch of a group may have a symbolic width (TVM's rule too)
-            closure = self._closure(self._own(candidate))
             grown = count + self._branch_count(candidate)
             if opts.max_branches is not None and grown > opts.max_branches:
                 continue
-            if (inputs | closure) & (members | 1 << candidate):
-                continue  # an operand reads another branch (or the other way round)
             if first.root.kernel is not None or opts.max_combined_bytes is not None:
                 alignment = None
                 if first.root.kernel is not None:
