@@ -105,6 +105,10 @@ class _GraphBuilder:
 
     # branches -----------------------------------------------------------------------------
     def side(self, family: str, side: Side, out_shape: tuple, dtype: str, branch: int) -> relax.Expr:
+        if side.shape == "prim":  # per branch, a value of its own unless shared
+            value = 2 + (0 if side.shared else branch)
+            imm = tvm.tirx.FloatImm(dtype, value / 2) if dtype.startswith("float") else tvm.tirx.IntImm(dtype, value)
+            return relax.prim_value(imm)
         shape = self.side_shape(family, side.shape, out_shape)
         key = ("side", side.shape, side.const, tuple(str(d) for d in shape), dtype)
         if not side.shared:

@@ -27,6 +27,7 @@ class Side:
     """A binary follower's other operand: its shape kind, constant or parameter, shared or per branch."""
 
     shape: str  # scalar | channel (one value per output column/channel) | other (broadcast over channels) | full
+    # | prim (Relax only: an ``R.prim_value`` scalar, which the combiners see as no operand)
     const: bool
     shared: bool  # one object for every branch that asks for the same shape (else one per branch)
     left: bool  # the side operand comes first: f(side, y)
@@ -140,6 +141,8 @@ def followers(draw, ir: str, dtype: str, family: str) -> Follower:
         ops = BINARY if _floaty(dtype) else BINARY[:-1]
         op = draw(st.sampled_from(ops))
         side = draw(sides())
+        if ir == "relax" and draw(st.integers(0, 4)) == 0:  # a prim value: an attribute-like arg, not an operand
+            side = Side("prim", True, side.shared, side.left)
         if op == "divide" and side.left:  # dividing by a branch's output amplifies rounding: keep y on top
             side = Side(side.shape, side.const, side.shared, False)
         return Follower(op, side)
