@@ -182,3 +182,18 @@ def test_zero_size_ops_are_left_alone():
         mod = make_module([relay.nn.relu(relay.nn.dense(x, const((16, k), seed))) for seed in (1, 2)], [x])
         for to_batch in (False, True):
             assert unchanged(mod, CombineParallelOps(to_batch=to_batch)(mod)), (shape, to_batch)
+
+
+def test_maximum_operands_are_never_swapped_between_branches():
+    """Review finding (2026-11-25, on Relax): ``maximum(a, s1)`` beside ``maximum(s2, b)`` combined
+    as if maximum were commutative; TVM's float maximum(p, q) returns q where p is NaN, so NaNs
+    moved. The rule lives in the IR-neutral op tables: Relay keeps both maximums too."""
+    x, s1, s2 = relay.var("x", shape=(2, 3)), relay.var("s1", shape=(4,)), relay.var("s2", shape=(4,))
+    a, b = (relay.nn.dense(x, const((4, 3), n)) for n in (1, 2))
+    mod = make_module([relay.maximum(a, s1), relay.maximum(s2, b)], [x, s1, s2])
+    new = CombineParallelDense()(mod)
+    assert ops(new, "nn.dense") == 1 and ops(new, "maximum") == 2
+    inputs = random_inputs(mod)
+    inputs["x"][0, 0] = inputs["s2"][2] = np.nan
+    for got, want in zip(run(new, inputs), run(mod, inputs)):
+        np.testing.assert_array_equal(got, want)
