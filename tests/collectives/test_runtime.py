@@ -8,6 +8,7 @@ the same deterministic inputs.  Every launch has its own timeout.
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib.util
 import json
 import os
@@ -424,6 +425,20 @@ def test_launch_rejects_bad_arguments() -> None:
             launch_mod_func(2, ["python", "x.py"], timeout=bad)
     with pytest.raises(ValueError, match=r"^tvm-combiners launch: command not found: 'no_such_command_xyz' "):
         launch_mod_func(2, ["no_such_command_xyz"])
+    for argv in (["python", "-"], ["python", "-u"], ["python"]):  # rank 1 waited on its stdin until the timeout
+        with pytest.raises(ValueError, match=r"reads its program from stdin, which only rank 0 gets \(the others "
+                                             r"would wait for it forever\): put the program in a file$"):
+            launch_mod_func(2, argv)
+
+
+def test_a_traceback_a_rank_handled_fails_nothing(tmp_path: Path) -> None:
+    """Review finding (2026-11-25): a rank that printed a traceback it had handled was reported as
+    failed ("rank 0 failed: KeyError ...") by a job that exited 0."""
+    (tmp_path / "prog.py").write_text("import traceback\ntry:\n    raise KeyError('handled')\n"
+                                      "except KeyError:\n    traceback.print_exc()\n")
+    proc = subprocess.run([sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "2", "--timeout",
+                           "60", "--", "python", "prog.py"], cwd=tmp_path, capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 0 and "KeyError: 'handled'" in proc.stderr and "failed" not in proc.stderr, proc.stderr
 
 
 def test_launch_cli_usage_errors() -> None:
@@ -472,6 +487,30 @@ def test_ranks_find_the_programs_modules_as_under_python_m_mpi4py(tmp_path: Path
                                "--timeout", "60", "--", *argv], cwd=tmp_path, capture_output=True, text=True,
                               timeout=90)
         assert proc.returncode == 0, (argv, proc.stderr)
+
+
+def test_a_programs_own_mpi_messages_never_meet_the_runtimes(tmp_path: Path) -> None:
+    """Review finding (2026-11-25): the runtime sent on ``COMM_WORLD`` with tag = channel id, so a
+    program's own ``COMM_WORLD.Send`` (tag 0) before a transfer on channel 0 swapped the payloads,
+    silently. The runtime's tags count down from MPI's largest now."""
+    (tmp_path / "prog.py").write_text(
+        "import numpy as np\n"
+        "from mpi4py import MPI\n"
+        "from tvm_combiners.collectives.runtime import functions as F, rank\n"
+        "me, world = rank(), MPI.COMM_WORLD\n"
+        "if me == 0:\n"
+        "    world.Send(np.full(3, -1, 'float32'), dest=1)  # tag 0, as mpi4py's default\n"
+        "    F.send_np('send', '0,1', 0, np.arange(1, 4, dtype='float32'))\n"
+        "    F.drain_sends()\n"
+        "else:\n"
+        "    got, mine = np.zeros(3, 'float32'), np.zeros(3, 'float32')\n"
+        "    F.recv_np('recv', '0,1', 0, got)\n"
+        "    world.Recv(mine, source=0)\n"
+        "    assert got.tolist() == [1, 2, 3] and mine.tolist() == [-1, -1, -1], (got, mine)\n"
+        "    print('ok', flush=True)\n")
+    proc = subprocess.run([sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "2", "--timeout",
+                           "60", "--", "python", "prog.py"], cwd=tmp_path, capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr
 
 
 def test_rank_error_reads_traceback_or_abort() -> None:
@@ -746,3 +785,23 @@ def test_check_mode_on_one_rank_only_is_named_not_misread(tmp_path: Path) -> Non
         for c in channels:
             size = {6: 8, 7: 256, 8: 512, 9: 8, 10: 256, 11: 1}[c]
             np.testing.assert_array_equal(got[f"{c}|same"], prog.data(sender, (size,), "float32", 2 * c + 1))
+
+
+def test_a_process_a_rank_left_running_is_named_at_the_timeout(tmp_path: Path) -> None:
+    """Review finding (2026-11-25): every rank ended its program with 0, but a child rank 0 left
+    running held the output, mpiexec waited, and the timeout blamed a hung rank."""
+    (tmp_path / "prog.py").write_text(
+        "import subprocess, sys\nfrom mpi4py import MPI\n"
+        "if MPI.COMM_WORLD.Get_rank() == 0:\n"
+        "    open('child.pid', 'w').write(str(subprocess.Popen(['sleep', '60']).pid))\n")
+    try:
+        proc = subprocess.run([sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "2",
+                               "--timeout", "10", "--", "python", "prog.py"], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=60)
+    finally:
+        if (tmp_path / "child.pid").exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int((tmp_path / "child.pid").read_text()), signal.SIGKILL)
+    assert proc.returncode == 124
+    assert ("timed out after 10 s: killed all 2 ranks (every rank ended its program, exit code 0, but mpiexec "
+            "waited on: a process a rank started and left running holds the job's output?)") in proc.stderr, proc.stderr

@@ -162,7 +162,16 @@ _tag_ub: list[int] = []
 
 
 def tag(channel_id: int) -> int:
-    """MPI tag for a channel: sends and recvs of one channel match, channels never cross below TAG_UB."""
-    if not _tag_ub:
-        _tag_ub.append(mpi().TAG_UB + 1)
-    return int(channel_id) % _tag_ub[0]
+    """MPI tag for a channel: the largest tags, counted down from MPI's upper bound.
+
+    A program's own messages on ``COMM_WORLD`` use small tags (mpi4py's default is 0), and MPI
+    matches a recv by source and tag: with tag = channel id, a program's ``Send`` of tag 0 before a
+    transfer on channel 0 swapped the two payloads, silently (until 2026-11-25). A private
+    duplicate of the world would need a collective ``Dup`` on every rank, which ranks that compile
+    different modules, or never transfer, would not all reach: a hang. Here the tags meet only
+    where a program uses tags this high (MPICH: above 536,838,144) or receives with ``ANY_TAG``.
+    """
+    if not _tag_ub:  # MPI.TAG_UB is the attribute's key; its value is the largest tag
+        MPI = mpi()
+        _tag_ub.append(int(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)))
+    return _tag_ub[0] - int(channel_id)

@@ -265,6 +265,9 @@ def launch(n: int, argv: list[str], timeout: float | None = None) -> int:
     if not argv:
         raise ValueError(f"{PREFIX}: no command to run: give it after '--', e.g. -n 2 -- python prog.py")
     command = rank_command(argv)  # a bare python is this interpreter, on PATH or not
+    if RANK_MAIN in command and command[command.index(RANK_MAIN) + 1:][:1] in ([], ["-"]):
+        raise ValueError(f"{PREFIX}: {' '.join(argv)!r} reads its program from stdin, which only rank 0 "
+                         "gets (the others would wait for it forever): put the program in a file")
     if shutil.which(command[0]) is None:
         raise ValueError(f"{PREFIX}: command not found: {argv[0]!r} (not an executable path, nor on PATH)")
     mpiexec = find_mpiexec()
@@ -291,14 +294,19 @@ def launch(n: int, argv: list[str], timeout: float | None = None) -> int:
             tail.finish()
             raise
         texts = tail.finish()
-        early = _left_early(_program_ends(Path(folder), n), n) if marked else None
+        ends = _program_ends(Path(folder), n) if marked else {}
+        early = _left_early(ends, n) if marked else None
     elapsed = time.monotonic() - start
     failed = [(r, err) for r, err in ((r, rank_error(t)) for r, t in enumerate(texts)) if err]
+    if code == 0 and not timed_out and not early:
+        failed = []  # a traceback a rank printed and handled: the job succeeded
     for r, err in failed:
         print(f"{PREFIX}: rank {r} failed: {err}", file=sys.stderr)
     if timed_out:
         why = (f"{early[0]}: did {early[1]} wait in a collective or recv that the others left without?" if early
-               else "a rank hung, or waits for a peer that never comes")
+               else f"every rank ended its program, exit code {', '.join(map(str, sorted(set(ends.values()))))}, "
+                    "but mpiexec waited on: a process a rank started and left running holds the job's output?"
+               if len(ends) == n else "a rank hung, or waits for a peer that never comes")
         print(f"{PREFIX}: timed out after {timeout:g} s: killed all {n} ranks ({why})", file=sys.stderr)
     elif code != 0 and not failed:
         print(f"{PREFIX}: the job exited with code {code} after {elapsed:.1f} s (no rank reported an error"
