@@ -101,9 +101,11 @@ def test_adam_from_tvm_builds_its_state_and_update():
 
 def test_adam_on_2_ranks_passes():
     # Adam's g / (|g| + eps) turns float32 rounding of near-zero gradients into parameter differences
-    # far above 1e-5 relative: a correct run once reported FAILED
+    # far above 1e-5 relative: a correct run once reported FAILED. After 8 steps the two runs'
+    # gradients differ too (2.3e-5: they are taken at parameters that moved apart); each program's
+    # are checked against the full batch's at its own parameters
     cmd = [EXE, "launch", "-n", "2", "--timeout", "240", "--example", "dp-train", "--json", "--",
-           "--opt-level", "0", "--steps", "2", "--repeat", "1", "--optimizer", "adam"]
+           "--opt-level", "0", "--steps", "8", "--repeat", "1", "--optimizer", "adam"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
@@ -117,7 +119,7 @@ def test_adam_on_2_ranks_passes():
 def _stepped(optimizer, p0, grads, loss):
     """A rank's results as run_steps records them: parameters after each step, in float32 as TVM's."""
     params = [p.astype("float32") for p in D.replay_optimizer(optimizer, p0, grads)]
-    return {"grads": grads, "params": params, "loss": loss}
+    return {"grads": grads, "params": params, "loss": loss, "grads_at_run": grads, "loss_at_run": loss}
 
 
 def _failed(failures):
@@ -196,3 +198,17 @@ def test_oversubscription_is_named_only_where_ranks_outnumber_cores(monkeypatch)
     monkeypatch.setattr(report, "usable_cores", lambda: 2)
     assert report.oversubscription(2) is None
     assert report.oversubscription(3) == "3 ranks on 2 cores: timings include oversubscription"
+
+
+def test_a_loss_of_exactly_zero_is_checked_not_divided_by():
+    """Review finding (2026-11-25): a full-batch loss of 0.0 (every row classified with certainty)
+    ended dp-train with ZeroDivisionError instead of a report."""
+    sgd = D.new_optimizer(D.Config(optimizer="sgd", lr=0.02))
+    p0 = np.ones(10, "float32")
+    grads = [np.zeros(10, "float32")] * 2
+    ref = _stepped(sgd, p0, grads, [0.0, 0.0])
+    checked, failures = D.check_variant("naive", [ref], ref, ref, sgd, p0)
+    assert failures == [] and checked["max_rel_diff_loss_vs_reference"] == 0.0
+    off = {**ref, "loss": [0.0, 1e-3]}
+    _, failures = D.check_variant("naive", [off], ref, ref, sgd, p0)
+    assert _failed(failures) == ["naive: loss vs the full-batch step"]
