@@ -234,15 +234,33 @@ class Reachability:
     def contract(self, members: Sequence[int]) -> None:
         rep = min(members)
         merged = list(members)
-        for m in members:
+        for m in members:  # whole groups merge: a subset of an earlier group given again keeps the rest
             old = self._rep[m]
-            if old in self._members and old != rep:
+            if old in self._members:
                 merged.extend(self._members.pop(old))
         merged = sorted(set(merged))
         for m in merged:
             self._rep[m] = rep
         self._members[rep] = merged
-        self._recompute()
+        # Incrementally, one pass instead of the fixed point: the members take the union of their
+        # ancestors, and so does every node with a member among its ancestors (ancestor sets are
+        # transitively closed, so bits alone say who reads a member, in any order). It equals
+        # _recompute's result when no member reads another (every group a planner forms); a
+        # group that does (a cycle) falls back to the fixed point. Recomputing after every group
+        # made a function with one cycle between groups cubic (800 layers: 26.5 s).
+        anc = self._ancestors
+        union = 0
+        for m in merged:
+            union |= anc[m]
+        members = bitset(merged)
+        if union & members:
+            self._recompute()
+            return
+        for i, bits in enumerate(anc):
+            if members >> i & 1:
+                anc[i] = union
+            elif bits & members:
+                anc[i] = bits | union
 
 
 def contracted_order(graph: Graph, groups: Sequence[Sequence[int]], is_leaf: Callable[[int], bool],
