@@ -28,6 +28,7 @@ from tvm import ir, relax, tirx
 from tvm.relax.utils import convert_to_expr
 
 from ..core.driver import gc_paused
+from ..relax.graph_view import op_name
 from . import spec as S
 from .builders import IRAdapter, make_builders
 from .dependences import UnitAccess, unit_dependences
@@ -230,17 +231,6 @@ _KIND_OF_OP = {S.relax_op_name(kind): kind for kind in S.KINDS}
 #: op handle -> (op, its name): ops are registered once and live as long as the process, and
 #: reading a name through the FFI costs more than the rest of :func:`info`, which passes call on
 #: every expression of a module
-_OP_NAMES: dict[int, tuple[ir.Op, str]] = {}
-
-
-def op_name(op: ir.Op) -> str:
-    handle = op.__chandle__()
-    known = _OP_NAMES.get(handle)
-    if known is None:
-        known = _OP_NAMES[handle] = (op, op.name)
-    return known[1]
-
-
 def info(expr: Any) -> S.CollectiveSpec | None:
     """The spec of a collective call (kind, reduction, axis, groups, pairs, ...), None otherwise."""
     if not isinstance(expr, relax.Call):

@@ -333,15 +333,24 @@ def _flat(arrays: Any) -> np.ndarray:
 
 
 def run_steps(vm: Any, func: str, cfg: Config, world: int, rank: int | None, params: dict[str, np.ndarray],
-              state: Any) -> dict[str, Any]:
+              state: Any, at: list[np.ndarray] | None = None) -> dict[str, Any]:
     """``cfg.steps`` steps of ``func``; rank None = the full batch. Flat grads/params after every step,
-    and the first step's arguments (``first``) for timing."""
+    and the first step's arguments (``first``) for timing.
+
+    ``at`` (another run's flat parameters after each of its steps) makes every step start from that
+    run's parameters instead of this one's: a program's gradients are checked against the full batch
+    at the program's own parameters, since Adam soon moves two runs' parameters apart (8 Adam steps:
+    2.3e-5 between the runs, a right run reported FAILED)."""
     import tvm
 
-
+    shapes = [v.shape for v in params.values()]
+    splits = np.cumsum([v.size for v in params.values()])[:-1]
     cur = [tvm.runtime.tensor(v) for v in params.values()]
     out: dict[str, Any] = {"loss": [], "grads": [], "params": []}
     for step in range(cfg.steps):
+        if at is not None and step > 0:
+            cur = [tvm.runtime.tensor(np.ascontiguousarray(part.reshape(shape)))
+                   for part, shape in zip(np.split(at[step - 1], splits), shapes)]
         x, y = full_batch(cfg, world, step)
         if rank is not None:
             x, y = shard(x, cfg, rank), shard(y, cfg, rank)
@@ -354,27 +363,6 @@ def run_steps(vm: Any, func: str, cfg: Config, world: int, rank: int | None, par
         out["grads"].append(_flat(grads))
         out["params"].append(_flat(cur))
     out["first"] = first
-    return out
-
-
-def full_batch_at(vm: Any, cfg: Config, world: int, params: dict[str, np.ndarray], trajectory: list[np.ndarray],
-                  state: Any) -> dict[str, list]:
-    """The full batch's loss and gradients at the parameters a program had before each of its steps
-    (``params``, then ``trajectory``: its flat parameters after each step). A program's gradients
-    must equal these; the full-batch run's own are taken elsewhere once Adam has moved the two runs'
-    parameters apart (8 Adam steps: 7.7e-4, a right run reported FAILED)."""
-    import tvm
-
-    sizes = [v.size for v in params.values()]
-    out: dict[str, list] = {"loss": [], "grads": []}
-    for step in range(cfg.steps):
-        cur = list(params.values()) if step == 0 else [
-            part.reshape(v.shape) for part, v in zip(np.split(trajectory[step - 1], np.cumsum(sizes)[:-1]), params.values())]
-        x, y = full_batch(cfg, world, step)
-        loss, grads, _, _ = vm["step_local"](tvm.runtime.tensor(x), tvm.runtime.tensor(y),
-                                             *[tvm.runtime.tensor(np.ascontiguousarray(c)) for c in cur], state)
-        out["loss"].append(float(loss.numpy()))
-        out["grads"].append(_flat(grads))
     return out
 
 
@@ -426,7 +414,7 @@ def run(cfg: Config) -> dict[str, Any]:
         vm = relax.VirtualMachine(libs["naive"], tvm.cpu())
         reference = run_steps(vm, "step_local", cfg, world, None, params, optimizer.state)
         reference.pop("first")
-        at_run = full_batch_at(vm, cfg, world, params, results["naive"]["params"], optimizer.state)
+        at_run = run_steps(vm, "step_local", cfg, world, None, params, optimizer.state, at=results["naive"]["params"])
         reference["grads_at_run"], reference["loss_at_run"] = at_run["grads"], at_run["loss"]
     gathered = comm().gather(results, root=0)
     if rank != 0:

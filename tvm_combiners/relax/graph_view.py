@@ -27,6 +27,20 @@ _ARRAY_ITEM = tvm_ffi.get_global_func("ffi.ArrayGetItem")
 _ARRAY_SIZE = tvm_ffi.get_global_func("ffi.ArraySize")
 
 
+# registered ops live as long as the process, so names are cached by handle (holding the op keeps
+# the handle from being reused); reading ``op.name`` costs an FFI call per binding otherwise
+_OP_NAMES: dict[int, tuple[Any, str]] = {}
+
+
+def op_name(op: Any) -> str:
+    """The name of a registered op, read once per op."""
+    handle = op.__chandle__()
+    known = _OP_NAMES.get(handle)
+    if known is None:
+        known = _OP_NAMES[handle] = (op, op.name)
+    return known[1]
+
+
 def items(array: Any) -> list[Any]:
     """An FFI array as a list: one FFI call per element, where iterating one costs three."""
     return [_ARRAY_ITEM(array, i) for i in range(_ARRAY_SIZE(array))]
@@ -105,7 +119,6 @@ def build_block_view(block: relax.DataflowBlock) -> BlockView:
     index: dict[int, int] = {}
     shapes: dict[int, tuple[Any, tuple[Dim, ...]]] = {}
     dtypes: dict[int, tuple[Any, str]] = {}
-    op_names: dict[int, tuple[Any, str]] = {}
     # symbolic dim handle -> (dim, the match_cast in this block that names it first): a binding
     # using the dim must stay after that cast, though it reads none of its values
     dims_cast: dict[int, tuple[Any, int]] = {}
@@ -113,12 +126,6 @@ def build_block_view(block: relax.DataflowBlock) -> BlockView:
     def cast_dims(value: Any, ty: Any) -> list[int]:
         used = [*relax.analysis.free_symbolic_vars(value), *relax.analysis.tir_vars_in_type(ty)]
         return list(dict.fromkeys(dims_cast[h][1] for v in used if (h := v.__chandle__()) in dims_cast))
-
-    def op_name_of(op: Any) -> str:
-        handle = op.__chandle__()
-        if handle not in op_names:
-            op_names[handle] = op, op.name
-        return op_names[handle][1]
 
     def leaf(expr: Any) -> int:
         handle = expr.__chandle__()
@@ -183,21 +190,21 @@ def build_block_view(block: relax.DataflowBlock) -> BlockView:
             read = read_args(args, strict=False)
         operands: list[int] = []
         positions: list[int] = []
-        op_name, value_key = type(value).__name__, None
+        name, value_key = type(value).__name__, None
         if is_var_call:
             _, operands, positions, others = read
             operands = [o if isinstance(o, int) else leaf(o) for o in operands]
             others = tuple(others)
-            op_name = op_name_of(op) if is_op_call else str(op)
+            name = op_name(op) if is_op_call else str(op)
             ty_args = value.ty_args
-            value_key = (op_name, struct_key(value.attrs), others,
+            value_key = (name, struct_key(value.attrs), others,
                          struct_key(items(ty_args)) if _ARRAY_SIZE(ty_args) else _NO_TY_ARGS)
         ty = var.ty
         if dims_cast:
             free = free + [n for n in cast_dims(value, ty) if n not in free]
         deps = tuple(operands + free)  # ordered, repeats kept: value numbering needs both
         node = graph.add(
-            op=op_name.removeprefix("relax."),
+            op=name.removeprefix("relax."),
             operands=tuple(operands),
             deps=deps,
             shape=dims_of(ty, shapes),
