@@ -477,3 +477,13 @@ def test_example_help_is_printed_once_without_starting_ranks(capsys):
     out, err = capsys.readouterr()
     assert out.startswith("usage: tvm-combiners launch -n 3 --example pipeline-bert --") and out.count("usage:") == 1
     assert "--micro-batches MICRO_BATCHES" in out and err == ""
+
+
+def test_python_dash_m_prints_one_line_for_an_example_option() -> None:
+    """Review: under `python -m tvm_combiners.cli` the module ran as __main__, and the UsageError an
+    example's option check raised (tvm_combiners.cli's class) escaped as a traceback, exit 1."""
+    proc = subprocess.run([sys.executable, "-m", "tvm_combiners.cli", "launch", "-n", "1", "--example", "dp-train",
+                           "--json", "--", "--bogus"], capture_output=True, text=True, timeout=120)
+    line = "launch --example dp-train: unrecognized arguments: --bogus"
+    assert (proc.returncode, proc.stderr) == (2, f"{ERROR}{line}\n")
+    assert json.loads(proc.stdout)["error"]["message"] == line

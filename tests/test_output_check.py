@@ -148,3 +148,16 @@ def test_a_baseline_far_from_onnxruntime_widens_the_check_only_so_far() -> None:
     assert note is not None and note.startswith("warning: TVM's baseline differs from onnxruntime by ")
     assert "on output 1 (scale" in note
     assert reference_disagreement(output_diffs([reference * (1 + 1e-6)], [reference]), [reference]) is None
+
+
+def test_integer_outputs_must_match_exactly() -> None:
+    """Review: ids [29990, 7] passed for [29990, 5] (1e-4 of the output's scale is 3), and int64 values
+    past 2**53 that differ by 1 were equal once converted to float64."""
+    ids = np.array([29990, 5], np.int64)
+    assert _fails([np.array([29990, 7], np.int64)], [ids]) == (
+        "the combined module's outputs differ from the baseline's by 2.000e+00 (output 0, allowed 0.0e+00)")
+    big = np.array([2**60], np.int64)
+    assert output_diff(big + 1, big) == 1.0
+    assert "allowed 0.0e+00" in _fails([big + 1], [big])
+    assert "allowed 0.0e+00" in _fails([np.array([True, False])], [np.array([True, True])])
+    _check([ids.copy(), np.array([True])], [ids, np.array([True])])

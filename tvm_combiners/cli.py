@@ -293,4 +293,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m tvm_combiners.cli` runs this file as __main__: the package's modules raise
+    # tvm_combiners.cli.UsageError, a class of the imported module, which this copy's would not catch
+    from tvm_combiners.cli import main as package_main
+
+    sys.exit(package_main())
