@@ -115,8 +115,18 @@ def test_onnxruntime_is_timed_on_the_cores_the_process_started_with(monkeypatch)
     tvm.get_global_func("runtime.NumThreads")()  # starts TVM's pool (unpinned under the tests' conftest)
     seen = []
 
+    class Binding:
+        def bind_cpu_input(self, _name, _value):
+            pass
+
     class Session:
-        def run(self, _outputs, _inputs):
+        def io_binding(self):
+            return Binding()
+
+        def get_outputs(self):
+            return []
+
+        def run_with_iobinding(self, _binding):
             seen.append(os.sched_getaffinity(0))
 
     monkeypatch.setattr(loader, "_ort_session", lambda model, threads: Session())
