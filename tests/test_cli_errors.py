@@ -441,6 +441,7 @@ def test_json_after_the_command_is_the_commands(capsys):
     ("pipeline-bert", 2, ["--seq", "600"], "--seq 600 is beyond the model's 512 positions"),
     ("pipeline-bert", 2, ["--micro-batch", "0"], "--micro-batch must be a positive integer, got 0"),
     ("pipeline-bert", 2, ["--micro-batches", "1"], "--micro-batches must be at least 2 (so stages overlap), got 1"),
+    ("pipeline-bert", 3, ["--micro-batches", "4097"], "--micro-batches must be at most 1024, got 4097"),
     ("pipeline-bert", 2, ["--repeat", "0"], "--repeat must be a positive integer, got 0"),
     ("pipeline-bert", 2, ["--atol", "-1"], "--atol must be a finite number >= 0, got -1"),
 ])

@@ -429,6 +429,21 @@ def test_channel_reused_in_order_is_accepted():
     assert names_in_order(ordered) == ["send0", "recv0", "send0", "recv0"]
 
 
+def test_pairs_listed_in_another_order_are_the_same_pairs():
+    """Review: a send on [[0, 1], [1, 0]] and its recv on [[1, 0], [0, 1]] were refused as naming
+    different source_target_pairs; pairs are a set (C2/C3 make each source and target unique)."""
+    x = tensor((4,))
+
+    def body(bb, x):
+        t = bb.emit(C.send(x, [[1, 0], [0, 1]]))
+        return [bb.emit(C.recv((4,), "float32", [[0, 1], [1, 0]], token=t))]
+
+    mod = build(body, [x])
+    specs = [C.info(b.value) for b in mod["main"].body.blocks[0].bindings]
+    assert [s.pairs for s in specs] == [((0, 1), (1, 0))] * 2
+    assert names_in_order(C.OrderSendRecv()(mod)) == ["send0", "recv0"]
+
+
 @pytest.mark.parametrize(
     "case, msg",
     [

@@ -3,6 +3,7 @@ process equal onnxruntime) and the whole example on 2 ranks through ``tvm-combin
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -67,6 +68,13 @@ def test_stages_chained_in_one_process_equal_onnxruntime(minilm):
 def test_too_many_stages_is_refused(minilm):
     with pytest.raises(ValueError, match=r"pipeline-bert: 4 stages for 3 layers: need 1 <= stages <= layers"):
         P.plan_stages(minilm[1]["main"], 4)
+
+
+def test_micro_batches_past_the_channel_ids_are_refused_before_building(minilm):
+    """4 tensors cross each hop: 3 stages x 4097 micro-batches would need channel id 32,768."""
+    with pytest.raises(ValueError, match=re.escape("4097 micro-batches need 32776 channel ids (one per tensor per hop), "
+                                                   "more than the 32768 MPI guarantees")):
+        P.build_pipeline(minilm[1], 3, 4097)
 
 
 def test_pipeline_on_2_ranks_equals_onnxruntime_and_combines_per_micro_batch():

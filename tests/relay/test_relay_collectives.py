@@ -176,6 +176,18 @@ def test_type_relation_validates_calls_built_by_hand():
     bad = relay.Call(relay.op.get("collectives.allgather"), [x], tvm.ir.make_node("DictAttrs", axis=5, groups="0,1"))
     with pytest.raises(Exception, match=re.escape("allgather: axis 5 is out of range for a 2-d operand")):
         module(bad, [x])
+    missing = relay.Call(relay.op.get("collectives.allreduce"), [x], tvm.ir.make_node("DictAttrs", op="sum"))
+    with pytest.raises(S.CollectiveError, match=re.escape("allreduce: attribute 'groups' is missing")):
+        module(missing, [x])  # was TVM's InternalError: "cannot find the corresponding key in the Map"
+
+
+def test_an_unannotated_let_variable_is_named_as_such():
+    v = relay.var("v")  # typed by its let value: valid Relay, but the builders check types when called
+    with raises("allreduce: x is a variable without a type annotation, and the op checks its operands' types when "
+                "built: annotate it (relay.var(name, shape=..., dtype=...)) or build the call on the variable's value"):
+        C.allreduce(v)
+    with pytest.raises(S.CollectiveError, match="^recv: token is a variable without a type annotation"):
+        C.recv((4,), "float32", [[0, 1]], token=v)
 
 
 # --------------------------------------------------------------------------- stateful: never merged, folded or dropped
@@ -288,6 +300,14 @@ def test_ordering_errors():
     mismatch = module(relay.Tuple([C.recv((4,), "int32", p), C.send(x, p)]), [x])
     with pytest.raises(SendRecvOrderError, match=re.escape("moves shape (4,) float32 but its recv expects shape (4,) int32")):
         C.OrderSendRecv()(mismatch)
+
+
+def test_pairs_listed_in_another_order_are_the_same_pairs():
+    x = var((4,))
+    t = C.send(x, [[1, 0], [0, 1]])
+    r = C.recv((4,), "float32", [[0, 1], [1, 0]], token=t)
+    assert C.info(t).pairs == C.info(r).pairs == ((0, 1), (1, 0))
+    C.OrderSendRecv()(module(relay.Tuple([r, t]), [x]))  # was: "name different source_target_pairs"
 
 
 def _loop(step):

@@ -81,11 +81,19 @@ def _type_of(expr: relay.Expr) -> Any:
     except ValueError:  # not inferred yet
         pass
     if isinstance(expr, relay.Var):
-        return expr.type_annotation
+        return expr.type_annotation  # None for a let variable typed by its value: see _untyped
     return relay.transform.InferTypeLocal(expr)
 
 
+def _untyped(kind: str, what: str, ty: Any) -> None:
+    if ty is None:  # an unannotated variable ("got None" said nothing)
+        raise S.CollectiveError(f"{kind}: {what} is a variable without a type annotation, and the op checks its "
+                                "operands' types when built: annotate it (relay.var(name, shape=..., dtype=...)) "
+                                "or build the call on the variable's value")
+
+
 def _check_tensor(kind: str, what: str, ty: Any) -> tuple[list[Any], str]:
+    _untyped(kind, what, ty)
     dims, dtype = _dims(ty)
     if dims is None or dtype is None:
         raise S.CollectiveError(f"{kind}: {what} must be a tensor of known rank, got {ty}")
@@ -98,6 +106,7 @@ def _check_tensor(kind: str, what: str, ty: Any) -> tuple[list[Any], str]:
 
 
 def _check_token(kind: str, what: str, ty: Any) -> None:
+    _untyped(kind, what, ty)
     dims, dtype = _dims(ty)
     S.check_token(kind, what, dims, dtype)
 

@@ -217,6 +217,9 @@ def tensor_types(vars_: list[Any]) -> list[tuple[tuple[int, ...], str]]:
     return [(tuple(int(d) for d in v.ty.shape.values), str(v.ty.dtype)) for v in vars_]
 
 
+MAX_MICRO_BATCHES = 1024  # x (ranks - 1) hops x the tensors a cut carries stays within MPI's 32,768 channel ids
+
+
 def build_pipeline(mod: Any, num_stages: int, micro_batches: int) -> tuple[Any, list[Stage]]:
     """The SPMD program ``main(rank, *inputs of every micro-batch)`` -> every micro-batch's outputs.
 
@@ -225,9 +228,14 @@ def build_pipeline(mod: Any, num_stages: int, micro_batches: int) -> tuple[Any, 
     from tvm import relax
 
     from ..collectives import relax as C
+    from ..collectives.spec import MAX_CHANNEL_ID
 
     func = mod["main"]
     stages = plan_stages(func, num_stages)
+    needed = micro_batches * sum(len(st.outputs) for st in stages[:-1])
+    if needed > MAX_CHANNEL_ID + 1:
+        raise ValueError(f"{micro_batches} micro-batches need {needed} channel ids (one per tensor per hop), more than "
+                         f"the {MAX_CHANNEL_ID + 1} MPI guarantees: use fewer micro-batches or ranks")
     mod, gvs = build_stage_functions(mod, stages)
     bb = relax.BlockBuilder(mod)
     rank = relax.Var("rank", relax.TensorType((), "int32"))
@@ -462,6 +470,9 @@ def config(args: argparse.Namespace, ranks: int) -> Config:
     require_finite(args, "atol", 0.0, strict=False)
     if args.micro_batches < 2:
         raise UsageError(f"--micro-batches must be at least 2 (so stages overlap), got {args.micro_batches}")
+    if args.micro_batches > MAX_MICRO_BATCHES:  # every transfer takes a channel of its own (a review: 4097 on
+        # 3 ranks ran out of channel ids after each rank had compiled for a minute)
+        raise UsageError(f"--micro-batches must be at most {MAX_MICRO_BATCHES}, got {args.micro_batches}")
     try:
         layers, positions = model_limits()
     except (OSError, ValueError) as err:  # FileNotFoundError: the model's package is missing
