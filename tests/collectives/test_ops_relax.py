@@ -415,6 +415,28 @@ def test_dataflow_blocks_move_as_a_unit():
     relax.analysis.well_formed(ordered)
 
 
+@pytest.mark.parametrize("kind", ["recv", "allreduce"])
+def test_collectives_in_a_dataflow_block_are_refused(kind):
+    """Review: a recv before its send inside a dataflow block (ill-formed, yet TVM compiles it) escaped
+    both ordering checks, and every rank waited out the recv timeout."""
+    x = tensor((4,))
+    pairs = [[0, 1], [1, 0]]
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(C.recv((4,), "float32", pairs) if kind == "recv" else C.allreduce(x))
+            t = bb.emit(C.send(x, pairs))
+            out = bb.emit_output(relax.Tuple([y, t]))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    msg = (f"{kind} in a dataflow block of function 'main': collectives are impure and must run once, in program "
+           "order, on every rank; emit them outside dataflow blocks, in a function built with pure=False")
+    with raises(msg):
+        C.OrderSendRecv()(mod)
+    with pytest.raises(Exception, match=re.escape(msg)):
+        tvm.compile(mod, target="llvm")  # legalization's check, without the ordering pass
+
+
 def test_channel_reused_in_order_is_accepted():
     x = tensor((4,))
     ring = [[0, 1], [1, 0]]

@@ -135,8 +135,7 @@ def _legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     assert kind is not None
     if kind == "after_all":
         return relax.const(0, S.TOKEN_DTYPE)
-    if kind in S.P2P_KINDS:
-        _check_module_order(bb.get())
+    _check_module_order(bb.get())  # once per module: dataflow blocks, and recvs after their sends
     spec = S.CollectiveSpec.from_attrs(kind, call.attrs)
     name, extra = spec.runtime_call()
     ty = call.ty
@@ -372,11 +371,27 @@ def _order_nodes(units: list[tuple[Any, bool]], where: str) -> list[OrderNode] |
             for (kind, node), deps in zip(kinds, dependences(units))]
 
 
+def _refuse_in_dataflow(units: list[tuple[Any, bool]], where: str) -> None:
+    """Our collectives are impure: in a dataflow block (ill-formed, yet TVM compiles it) no pass
+    orders them, and a recv there ran before its send: every rank waited out the recv timeout."""
+    for unit, is_block in units:
+        if is_block:
+            for binding in unit.bindings:
+                spec = info(binding.value)
+                if spec is not None and spec.kind != "after_all":
+                    raise S.CollectiveError(
+                        f"{spec.kind} in a dataflow block of {where}: collectives are impure and must run once, in "
+                        "program order, on every rank; emit them outside dataflow blocks, in a function built "
+                        "with pure=False"
+                    )
+
+
 def _plan(name: str, func: relax.Function) -> tuple[list[tuple[Any, bool]], OrderPlan] | None:
     if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
         return None
     units = _units(func.body)
     where = f"function '{name}'"
+    _refuse_in_dataflow(units, where)
     nodes = _order_nodes(units, where)
     if nodes is None:
         return None
@@ -437,9 +452,10 @@ _checked: list[tuple[str, Any]] = []  # (name, function) of the last module foun
 
 
 def _check_module_order(mod: tvm.IRModule) -> None:
-    """Legalization's safety net: refuse a module whose recvs run before their sends.
+    """Legalization's safety net: refuse a module whose recvs run before their sends, or with a
+    collective in a dataflow block.
 
-    Called for each send and recv being legalized; the functions checked last are remembered (by
+    Called for each collective being legalized; the functions checked last are remembered (by
     identity) so a module is analysed once, not once per op.
     """
     funcs = [(gv.name_hint, f) for gv, f in mod.functions_items() if isinstance(f, relax.Function)]
