@@ -219,6 +219,21 @@ def p2p_program():
     return module(relay.Tuple([y, C.after_all(t)]), [x])
 
 
+def test_zero_size_transfers_move_nothing_in_either_executor(mock_runtime):
+    """Review: the Relay VM ran a (0, 3) send but never its recv; the queued empty message then met the
+    channel's next recv ("brought 0 bytes, expected 8"). Both sides now skip a zero-size payload."""
+    x0, x1 = var((0, 3), name="x0"), var((2, 3), name="x1")
+    p = [[0, 0]]
+    t = C.send(x0, p)
+    y0 = C.recv((0, 3), "float32", p, token=t)
+    t1 = C.send(x1, p, token=t)
+    y1 = C.recv((2, 3), "float32", p, token=t1)
+    graph, vm = run_both(module(relay.Tuple([y0, y1]), [x0, x1]), x0=np.zeros((0, 3), "float32"),
+                         x1=np.ones((2, 3), "float32"))
+    assert [n for n, _ in mock_runtime] == ["send", "recv"] * 2  # only the (2, 3) transfer, in each executor
+    assert graph[0].shape == vm[0].numpy().shape == (0, 3)
+
+
 def test_recv_runs_first_without_the_pass_and_after_its_send_with_it(mock_runtime):
     mod = p2p_program()
     run_both(mod, x=np.ones(4, "float32"))
