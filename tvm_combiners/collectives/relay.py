@@ -529,6 +529,30 @@ def _token_sources(reg: _Region, nodes: list[OrderNode], plan: Any, where: str,
     return after
 
 
+def p2p_functions(mod: tvm.IRModule) -> set[str]:
+    """Names of the functions that hold a send or recv: found without types, so a module with
+    none is never type-checked for OrderSendRecv (InferType is most of the collective passes' time:
+    TVM 0.16's grows faster than the module)."""
+    return {gv.name_hint for gv, func in mod.functions.items() if isinstance(func, relay.Function) and _has_p2p(func.body)}
+
+
+def order_typed_module(mod: tvm.IRModule, names: set[str]) -> tvm.IRModule | None:
+    """OrderSendRecv's rewrite of the functions ``names`` of a type-checked module, not type-checked
+    again (the combiners type-check the module anyway); None: nothing to order."""
+    updates = {}
+    for gv, func in sorted(mod.functions.items(), key=lambda item: item[0].name_hint):  # one error on every rank
+        if isinstance(func, relay.Function) and gv.name_hint in names:
+            new = _order_function(gv.name_hint, func)
+            if not new.same_as(func):
+                updates[gv] = new
+    if not updates:
+        return None
+    new_mod = tvm.IRModule(dict(mod.functions.items()), mod.type_definitions, attrs=mod.attrs)
+    for gv, func in updates.items():
+        new_mod[gv] = func
+    return new_mod
+
+
 def OrderSendRecv() -> tvm.transform.Pass:  # noqa: N802 - a pass factory, named like TVM's passes
     """Give every recv its matched send's token (and chain each channel's sends), so no rank waits forever.
 
@@ -540,19 +564,9 @@ def OrderSendRecv() -> tvm.transform.Pass:  # noqa: N802 - a pass factory, named
 
     @gc_paused()
     def transform(original: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        mod = relay.transform.InferType()(original)
-        updates = {}
-        for gv, func in sorted(mod.functions.items(), key=lambda item: item[0].name_hint):  # one error on every rank
-            if isinstance(func, relay.Function):
-                new = _order_function(gv.name_hint, func)
-                if not new.same_as(func):
-                    updates[gv] = new
-        if not updates:
-            return original  # nothing to order: the module as it came
-        new_mod = tvm.IRModule(dict(mod.functions.items()), mod.type_definitions, attrs=mod.attrs)
-        for gv, func in updates.items():
-            new_mod[gv] = func
-        return relay.transform.InferType()(new_mod)
+        names = p2p_functions(original)
+        ordered = order_typed_module(relay.transform.InferType()(original), names) if names else None
+        return original if ordered is None else relay.transform.InferType()(ordered)
 
     return tvm.transform.module_pass(transform, opt_level=0, name="OrderSendRecv")
 

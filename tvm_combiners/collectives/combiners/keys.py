@@ -24,7 +24,7 @@ A reduction never mixes dtypes (the key holds the dtype).
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 from ..spec import SUPPORTED_DTYPES, CollectiveSpec
@@ -215,17 +215,29 @@ class ChannelBook:
     other's recv a different payload, so transfers on a shared channel never combine.
     """
 
-    def __init__(self, per_function: Iterable[Iterable[int]]) -> None:
-        used: set[int] = set()
-        shared: set[int] = set()
-        for channels in per_function:
-            mine = set(channels)
-            shared |= used & mine
-            used |= mine
-        self._used = used
-        self.shared = frozenset(shared)
+    def __init__(self, per_function: Callable[[], Iterable[Iterable[int]]]) -> None:
+        """``per_function`` reads each function's channel ids when first needed: a module whose
+        functions hold no send or recv at top level never walks its expressions for them."""
+        self._read = per_function
+        self._books: tuple[set[int], frozenset[int]] | None = None
+
+    def _book(self) -> tuple[set[int], frozenset[int]]:
+        if self._books is None:
+            used: set[int] = set()
+            shared: set[int] = set()
+            for channels in self._read():
+                mine = set(channels)
+                shared |= used & mine
+                used |= mine
+            self._books = used, frozenset(shared)
+        return self._books
+
+    @property
+    def shared(self) -> frozenset[int]:
+        return self._book()[1]
 
     def take(self) -> int:
-        (channel,) = renumber_channels(sorted(self._used), 1)
-        self._used.add(channel)
+        used = self._book()[0]
+        (channel,) = renumber_channels(sorted(used), 1)
+        used.add(channel)
         return channel

@@ -344,7 +344,7 @@ def _combine_module(mod: tvm.IRModule, opts: CombinerOptions) -> tvm.IRModule:
     if "send_recv" in opts.families:
         mod = CR.OrderSendRecv()(mod)  # sends before their recvs: the matches below rely on it
     bb = relax.BlockBuilder(mod)
-    channels = ChannelBook(_channels_by_function(mod))
+    channels = ChannelBook(lambda mod=mod: _channels_by_function(mod))
     kernels: dict[tuple[Any, PackPlan], tvm.ir.GlobalVar] = {}
     updates = {}
     for gv, func in mod.functions_items():

@@ -336,14 +336,17 @@ def _combine_module(mod: tvm.IRModule, opts: CombinerOptions) -> tvm.IRModule:
     # Relay matches a channel's sends in the order their data gives them, and a group can give one
     # send a recv of its own channel as an ancestor, moving it behind a later send (two allreduces
     # combined: each recv got the other's payload). OrderSendRecv's tokens fix each channel's order.
+    mod = relay.transform.InferType()(mod)
     try:
-        mod = CRL.OrderSendRecv()(mod)
+        names = CRL.p2p_functions(mod)
+        ordered = CRL.order_typed_module(mod, names) if names else None
     except SendRecvOrderError:
         if "send_recv" in opts.families:
             raise
         return original  # transfers without a provable order: no collective moves among them
-    mod = relay.transform.InferType()(mod)
-    channels = ChannelBook(_channels_by_function(mod))
+    if ordered is not None:
+        mod = relay.transform.InferType()(ordered)
+    channels = ChannelBook(lambda mod=mod: _channels_by_function(mod))
     updates = {}
     # by name: every rank numbers the new channels alike (a Map's order follows object addresses,
     # and ranks that numbered 8 functions differently received each other's payloads)
