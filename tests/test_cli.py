@@ -64,7 +64,7 @@ def test_cuda_target_compiles_and_says_when_it_cannot_run(capsys):
     out = capsys.readouterr().out
     assert re.search(r"^combined\s+18\s", out, re.M)
     if not has_gpu():
-        assert "no CUDA GPU here: compiled with nvcc, not executed" in out
+        assert "no CUDA GPU here: compiled for cuda, not executed" in out
 
 
 def test_launch_runs_every_rank():

@@ -6,6 +6,7 @@ Every broken file is built here with onnx.helper; the tiny models compile in wel
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -211,6 +212,17 @@ def test_launch_that_cannot_be_imported_is_one_line(capsys, monkeypatch):
 def test_bad_sizes(capsys):
     assert _run(capsys, "--batch", "0") == (2, "", "--batch must be a positive integer, got 0")
     assert _run(capsys, "--seq", "-3") == (2, "", "--seq must be a positive integer, got -3")
+    # review: a 20-digit --seq was a ValueError reported as our bug (exit 1)
+    assert _run(capsys, "--seq", "99999999999999999999") == (
+        2, "", "--seq must be at most 2147483647, got 99999999999999999999")
+
+
+def test_sizes_beyond_memory_are_bad_input(capsys, tmp_path):
+    path = parallel_matmuls(tmp_path / "m.onnx")
+    assert main(["run", str(path), "--batch", "2000000000", "--ir", "relax"]) == 2  # x 8 float64: 128 GB
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith(f"{ERROR}{path}: prepare: cannot prepare the model: out of memory (Unable to allocate ")
+    assert "a bug in tvm-combiners" not in err
 
 
 def test_relay_in_the_main_environment_says_what_to_use(capsys):
@@ -488,3 +500,13 @@ def test_python_dash_m_prints_one_line_for_an_example_option() -> None:
     line = "launch --example dp-train: unrecognized arguments: --bogus"
     assert (proc.returncode, proc.stderr) == (2, f"{ERROR}{line}\n")
     assert json.loads(proc.stdout)["error"]["message"] == line
+
+
+def test_json_stays_alone_on_stdout_when_stderr_is_closed(tmp_path):
+    """Review: with stderr closed (2>&-) sys.stderr is None, and print(file=None) wrote every progress
+    line into stdout ahead of the JSON document."""
+    path = parallel_matmuls(tmp_path / "m.onnx")
+    proc = subprocess.run(f"{shlex.quote(sys.executable)} -m tvm_combiners.cli run {shlex.quote(str(path))} --json "
+                          "--repeat 1 --ir relax 2>&-", shell=True, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0
+    assert json.loads(proc.stdout)["ok"] is True

@@ -116,11 +116,16 @@ def _error(args: argparse.Namespace, line: str, code: int, detail: dict[str, Any
     return code
 
 
+MAX_SIZE = 2**31 - 1
+
+
 def _run(args: argparse.Namespace) -> int:
     for name in ("batch", "seq", "repeat", "tune"):
         value = getattr(args, name)
         if value is not None and value < 1:
             return _setup_error(args, f"--{name} must be a positive integer, got {value}")
+        if value is not None and value > MAX_SIZE:  # ONNX and TVM take 32-bit extents (a 20-digit --seq: ValueError)
+            return _setup_error(args, f"--{name} must be at most {MAX_SIZE}, got {value}")
     from .main_job import JobError, run_job
 
     try:
@@ -272,6 +277,8 @@ def _usage_error(err: UsageError, argv: list[str]) -> NoReturn:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if sys.stderr is None:  # started with stderr closed (2>&-): print(file=None) wrote progress into stdout's JSON
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the rest of the process
     command = argv[0] if argv and argv[0] in COMMANDS else None
     try:
         parser = _parser(command)

@@ -235,6 +235,8 @@ def _stage(path: str, stage: str, what: str, bad_input: bool) -> Iterator[None]:
         raise JobError(path, stage, err.problem, bad_input=True) from err
     except UserError as err:
         raise JobError(path, stage, str(err), bad_input=True) from err
+    except MemoryError as err:  # sizes the user asked for (a review's --batch 100000 --seq 1000000: 11.6 TiB)
+        raise JobError(path, stage, f"{what}: out of memory ({first_line(err)})", bad_input=True) from err
     except Exception as err:
         problem = first_line(err)
         if not bad_input:
@@ -354,7 +356,7 @@ def run_job(model_path: str | None = None, target: str = "llvm", ir: str | None 
     executable = target == "llvm" or backend.has_gpu()
     if not executable:
         report.executed = False
-        report.note = "no CUDA GPU here: compiled with nvcc, not executed"
+        report.note = "no CUDA GPU here: compiled for cuda, not executed"
     outputs: dict[str, list[np.ndarray]] = {}
     diffs: dict[str, list[float]] = {}  # per output, from onnxruntime
     runnable: list[tuple[Variant, Any]] = []

@@ -1,5 +1,7 @@
 """The loader and the Relax combiners on real models, compared with onnxruntime."""
 
+import re
+
 import numpy as np
 import onnx
 import pytest
@@ -213,6 +215,26 @@ def test_torch_named_axes_are_not_read_by_their_inputs_name():
     model.graph.node[0].input[0] = "b_position_ids"
     prepared = prepare_onnx(model, batch=2, seq=8)
     assert {k: v[0] for k, v in input_specs(prepared).items()} == {"a": [2, 8], "b_position_ids": [2, 8]}
+
+
+def test_an_input_name_is_stripped_only_before_an_axis_number():
+    """Review: input 's' with dims ["seq", "batch", 4]: stripping the input's name left "eq", which
+    matched nothing, so axis 0 took the batch: (2, 2, 4) ran for --batch 2 --seq 5."""
+    model = _two_input_model([5, 2, 4], ["seq", "batch", 4])
+    model.graph.input[1].name = "s"
+    model.graph.node[0].input[0] = "s"
+    prepared = prepare_onnx(model, batch=2, seq=5)
+    assert {k: v[0] for k, v in input_specs(prepared).items()} == {"a": [5, 2, 4], "s": [5, 2, 4]}
+
+
+def test_inputs_of_types_numpy_lacks_are_refused_by_name():
+    """Review: a bfloat16 input was fed float32, and the job blamed onnxruntime ("Numpy_type 256")."""
+    from onnx import TensorProto
+
+    model = _two_input_model([2, 3], [2, 3], dtype_b=TensorProto.BFLOAT16)
+    with pytest.raises(ModelError, match=re.escape("input 'b' is bfloat16: the job generates inputs of numpy's own "
+                                                   "types only (bool, int8, ")):
+        prepare_onnx(model)
 
 
 def test_a_fixed_zero_dim_is_fed_zero_and_the_job_runs(tmp_path, capsys):

@@ -55,8 +55,8 @@ def _dim_size(name: str, axis: int, batch: int | None, seq: int | None, named: d
     if name and name in named:
         return named[name]
     lname = name.lower()
-    if owner and lname.startswith(owner.lower()):
-        lname = lname[len(owner):]
+    if owner and lname.startswith(owner.lower()) and re.fullmatch(r"(_?dynamic_axes)?_?\d*", lname[len(owner):]):
+        lname = ""  # the input's name and an axis number: only the axis says (a review's input 's' read 'seq' as 'eq')
     lname = re.sub(r"_?dynamic_axes_\d+$", "", lname)
     size = (batch if any(w in lname for w in _BATCH_WORDS) else seq if any(w in lname for w in _SEQ_WORDS)
             else batch if axis == 0 else seq)
@@ -252,6 +252,11 @@ def prepare_onnx(model: onnx.ModelProto | str | os.PathLike, batch: int | None =
             if kind != "tensor_type" and not (kind is None and untyped_ok):
                 raise ModelError(name, f"{role} {value.name!r} is a {(kind or 'untyped').replace('_type', '')}, "
                                        f"not a tensor: {rule}")
+    for value in inputs:
+        elem = value.type.tensor_type.elem_type
+        if elem not in _FED_DTYPES:  # onnxruntime's Python API takes no bfloat16 array ("Numpy_type 256")
+            raise ModelError(name, f"input {value.name!r} is {onnx.TensorProto.DataType.Name(elem).lower()}: the job "
+                                   f"generates inputs of numpy's own types only ({', '.join(_FED_DTYPES.values())})")
     fixed = _fix_input_sizes(inputs, batch, seq)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
@@ -269,6 +274,12 @@ def prepare_onnx(model: onnx.ModelProto | str | os.PathLike, batch: int | None =
     del folded.opset_import[:]
     folded.opset_import.extend(o for o in model.opset_import)
     return folded
+
+
+_FED_DTYPES = {getattr(onnx.TensorProto, k): v for k, v in (
+    ("BOOL", "bool"), ("INT8", "int8"), ("INT16", "int16"), ("INT32", "int32"), ("INT64", "int64"), ("UINT8", "uint8"),
+    ("UINT16", "uint16"), ("UINT32", "uint32"), ("UINT64", "uint64"), ("FLOAT16", "float16"), ("FLOAT", "float32"),
+    ("DOUBLE", "float64"))}  # by ONNX type: older onnx gives bfloat16 inputs numpy's float32
 
 
 def input_specs(model: onnx.ModelProto) -> dict[str, tuple[list[Any], str]]:

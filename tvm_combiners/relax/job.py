@@ -26,7 +26,7 @@ class RelaxBackend:
         return {k: counts.get(k, 0) + counts.get("nn." + k, 0) for k in COUNTED_OPS}
 
     def target_problem(self, target: str) -> str | None:
-        return None  # cuda compiles with nvcc everywhere; it runs only where a GPU is
+        return None  # cuda compiles everywhere (NVRTC, or nvcc with TVM_CUDA_COMPILE_MODE); it runs only where a GPU is
 
     def compile(self, mod: Any, target: str) -> Any:
         return runner.compile_module(mod, target)
