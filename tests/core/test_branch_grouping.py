@@ -187,3 +187,35 @@ def test_gc_paused_restores_the_collector():
         assert not gc.isenabled()  # a caller's choice is kept
     finally:
         gc.enable()
+
+
+def test_a_cycle_is_replanned_around_its_groups_only(monkeypatch):
+    """helper-43's case: one cycle motif among many layers re-planned every group the exact way,
+    contracting reachability after each (800 layers: 13 s). Only the groups on the cycle contract
+    now, and the plan is the one the exact way gives."""
+    from tvm_combiners.core import branch_grouping
+    from tvm_combiners.core.graph import Reachability, groups_on_cycles
+
+    b = G()
+    x, y = b.leaf(), b.leaf()
+    a0 = b.root(x, b.leaf(), 8)
+    b0 = b.root(y, b.leaf(), 8)
+    a1 = b.root(x, b.other(b0), 4)
+    b1 = b.root(y, b.other(a0), 4)
+    h = b.other(a0, b0, a1, b1, shape=(4, 8))
+    for _ in range(20):  # layers after the motif, each a group of three on the last layer's output
+        rs = [b.root(h, b.leaf(), w) for w in (8, 8, 8)]
+        h = b.other(*rs, shape=(4, 8))
+    fast = [[a0, a1], [b0, b1]]
+    assert groups_on_cycles(b.g, fast, lambda i: not b.g[i].deps) == [0, 1]
+    assert groups_on_cycles(b.g, [[a0, a1]], lambda i: not b.g[i].deps) == []
+    contracted = []
+    real = Reachability.contract
+    monkeypatch.setattr(Reachability, "contract", lambda self, members: (contracted.append(list(members)),
+                                                                         real(self, members))[1])
+    plans = plan_combinations(b.g, ["matmul"])
+    assert contracted == [[a0, a1]]  # the exact way: 21 contractions
+    args = (b.g, frozenset(["matmul"]), frozenset(), CombineOptions(), None)
+    exact = branch_grouping._Planner(*args, contract=lambda members: True).run()
+    assert [p.roots for p in plans] == [p.roots for p in exact] and len(plans) == 21
+    assert b1 not in plans[0].members

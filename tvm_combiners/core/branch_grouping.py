@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .graph import Dim, Graph, Node, Reachability, bitset, contracted_order
+from .graph import Dim, Graph, Node, Reachability, bitset, contracted_order, groups_on_cycles
 from .kernel_alignment import KernelAlignment, align_kernels
 
 
@@ -119,30 +119,44 @@ def plan_combinations(
     """All combinations to apply to ``graph``, in deterministic program order.
 
     The fast way checks each group against the graph's own reachability and then proves the
-    whole set of groups acyclic in one linear pass. Only when two groups would form a cycle
-    together does it plan again the exact (quadratic) way, contracting reachability after every
-    group as XLA's combiners do, so a rewrite can never create a cycle.
+    whole set of groups acyclic in one linear pass. Only when groups would form a cycle together
+    does it plan again, contracting reachability after each group that touches the groups on
+    that cycle, and, should a cycle remain, after every group as XLA's combiners do (quadratic),
+    so a rewrite can never create a cycle.
     ``shared_weight_families`` also groups roots of those families that read one weight with
     different inputs; shared-input groups are planned first, so a root prefers them.
     """
     args = (graph, frozenset(families), frozenset(shared_weight_families), options, veto)
-    fast = _Planner(*args, exact=False).run()
-    groups = [plan.members for plan in fast]
-    if contracted_order(graph, groups, lambda i: not graph[i].deps, lambda g: min(fast[g].ends)) is not None:
+
+    def leaf(i: int) -> bool:
+        return not graph[i].deps
+
+    def acyclic(plans: list[CombinePlan]) -> bool:
+        return contracted_order(graph, [p.members for p in plans], leaf, lambda g: min(plans[g].ends)) is not None
+
+    fast = _Planner(*args, contract=None).run()
+    if acyclic(fast):
         return fast
-    return _Planner(*args, exact=True).run()
+    # Contract only around the groups on a cycle (one motif among 800 layers re-planned every
+    # group exactly: quadratic); the whole exact way if that still leaves one.
+    hot = {m for g in groups_on_cycles(graph, [p.members for p in fast], leaf) for m in fast[g].members}
+    partial = _Planner(*args, contract=lambda members: not hot.isdisjoint(members)).run()
+    if acyclic(partial):
+        return partial
+    return _Planner(*args, contract=lambda members: True).run()
 
 
 class _Planner:
     def __init__(self, graph: Graph, families: frozenset[str], weight_families: frozenset[str],
-                 options: CombineOptions, veto: Veto | None, exact: bool) -> None:
+                 options: CombineOptions, veto: Veto | None,
+                 contract: Callable[[list[int]], bool] | None) -> None:
         self.graph = graph
         self.families = families
         self.weight_families = weight_families
         self.shares = "input"  # what the bucket being planned has in common
         self.options = options
         self.veto = veto
-        self.exact = exact
+        self.contract = contract  # which taken groups reachability is contracted for (None: none)
         self.users = graph.users()
         self.values = graph.value_numbers()
         self.reach = Reachability(graph)
@@ -325,7 +339,7 @@ class _Planner:
         for m in members:
             for root in self._chains_through.pop(m, ()):
                 self._chains.pop(root, None)
-        if self.exact:
+        if self.contract is not None and self.contract(members):
             self.reach.contract(members)
 
     # -- one candidate set of branches -------------------------------------------------------

@@ -263,16 +263,8 @@ class Reachability:
                 anc[i] = bits | union
 
 
-def contracted_order(graph: Graph, groups: Sequence[Sequence[int]], is_leaf: Callable[[int], bool],
-                     position: Callable[[int], int]) -> list[int] | None:
-    """A topological order of the graph with every group collapsed into one unit, or None on a cycle.
-
-    Units are node indices (untouched nodes) and ``-1 - g`` for group ``g``, which reads the
-    union of its members' inputs. A heap keyed by ``position`` (a node's own index; for a group,
-    ``position(g)``) keeps the order as close to the original as possible. Leaves are skipped.
-    Linear in the graph (times a log for the heap): the planner uses it to prove a whole set of
-    groups acyclic at once instead of recomputing reachability after every group.
-    """
+def _contracted_deps(graph: Graph, groups: Sequence[Sequence[int]], is_leaf: Callable[[int], bool]) -> dict[int, set[int]]:
+    """Each unit's dependences with every group collapsed into unit ``-1 - g``; leaves skipped."""
     owner = {m: -1 - g for g, members in enumerate(groups) for m in members}
     # a group member is never a leaf: its users depend on the group
     skipped = [i not in owner and is_leaf(i) for i in range(len(graph))]
@@ -287,13 +279,17 @@ def contracted_order(graph: Graph, groups: Sequence[Sequence[int]], is_leaf: Cal
             own = deps[u] = set()
         own.update([owner.get(d, d) for d in node.deps if not skipped[d]])
         own.discard(u)
+    return deps
+
+
+def _peel(deps: dict[int, set[int]], key: Callable[[int], Any] | None = None) -> list[int]:
+    """Kahn's order of the units that no cycle holds up (by ``key`` first where given)."""
     users: dict[int, list[int]] = {u: [] for u in deps}
     pending = {u: len(d) for u, d in deps.items()}
     for u, ds in deps.items():
         for d in ds:
             users[d].append(u)
-    key = {u: (position(-1 - u) if u < 0 else u) for u in deps}
-    ready = [(key[u], u) for u, n in pending.items() if n == 0]
+    ready = [((key(u) if key else 0), u) for u, n in pending.items() if n == 0]
     heapq.heapify(ready)
     order: list[int] = []
     while ready:
@@ -302,8 +298,37 @@ def contracted_order(graph: Graph, groups: Sequence[Sequence[int]], is_leaf: Cal
         for v in users[u]:
             pending[v] -= 1
             if pending[v] == 0:
-                heapq.heappush(ready, (key[v], v))
+                heapq.heappush(ready, ((key(v) if key else 0), v))
+    return order
+
+
+def contracted_order(graph: Graph, groups: Sequence[Sequence[int]], is_leaf: Callable[[int], bool],
+                     position: Callable[[int], int]) -> list[int] | None:
+    """A topological order of the graph with every group collapsed into one unit, or None on a cycle.
+
+    Units are node indices (untouched nodes) and ``-1 - g`` for group ``g``, which reads the
+    union of its members' inputs. A heap keyed by ``position`` (a node's own index; for a group,
+    ``position(g)``) keeps the order as close to the original as possible. Leaves are skipped.
+    Linear in the graph (times a log for the heap): the planner uses it to prove a whole set of
+    groups acyclic at once instead of recomputing reachability after every group.
+    """
+    deps = _contracted_deps(graph, groups, is_leaf)
+    order = _peel(deps, lambda u: position(-1 - u) if u < 0 else u)
     return order if len(order) == len(deps) else None
+
+
+def groups_on_cycles(graph: Graph, groups: Sequence[Sequence[int]], is_leaf: Callable[[int], bool]) -> list[int]:
+    """The groups that lie on a cycle of the contracted graph (or between two cycles): what
+    neither a forward nor a backward topological peel removes. Linear; empty when acyclic."""
+    deps = _contracted_deps(graph, groups, is_leaf)
+    done = set(_peel(deps))
+    left = {u: {d for d in ds if d not in done} for u, ds in deps.items() if u not in done}
+    users: dict[int, set[int]] = {u: set() for u in left}
+    for u, ds in left.items():
+        for d in ds:
+            users[d].add(u)
+    done = set(_peel(users))  # backward: units nothing on a cycle reads
+    return sorted(-1 - u for u in left if u < 0 and u not in done)
 
 
 def bitset(indices: Sequence[int]) -> int:
