@@ -805,3 +805,19 @@ def test_a_process_a_rank_left_running_is_named_at_the_timeout(tmp_path: Path) -
     assert proc.returncode == 124
     assert ("timed out after 10 s: killed all 2 ranks (every rank ended its program, exit code 0, but mpiexec "
             "waited on: a process a rank started and left running holds the job's output?)") in proc.stderr, proc.stderr
+
+
+def test_a_bad_drain_timeout_fails_the_first_send_not_the_exit(tmp_path: Path) -> None:
+    """Review: TVM_COMBINERS_SEND_DRAIN_TIMEOUT=abc raised inside atexit, and the program exited 0."""
+    prog = ("import numpy as np\n"
+            "from tvm_combiners.collectives.runtime import functions as F\n"
+            "try:\n"
+            "    F.send_np('send', '0,0', 0, np.ones(3, 'float32'))\n"
+            "except ValueError as err:\n"
+            "    print(err, flush=True)\n"
+            "    raise SystemExit(3)\n")
+    env = {**os.environ, "TVM_COMBINERS_SEND_DRAIN_TIMEOUT": "abc"}
+    proc = subprocess.run([sys.executable, "-c", prog], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env=env)
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout == "TVM_COMBINERS_SEND_DRAIN_TIMEOUT must be a positive number of seconds, got 'abc'\n"

@@ -256,6 +256,9 @@ def send_np(name: str, pairs: str, channel_id: int, payload: np.ndarray) -> None
         _reap()
     if peer.target is None:
         return
+    if not _drain_registered:  # the timeout is read now: a bad value raised inside atexit, and the job exited 0
+        atexit.register(drain_sends, _seconds(DRAIN_TIMEOUT_ENV, 60))
+        _drain_registered = True
     MPI = mpi()
     tag = _comm.tag(channel_id)
     if _CHECK:  # the payload is bytes to MPI: say its shape first (messages of one tag keep their order)
@@ -263,9 +266,6 @@ def send_np(name: str, pairs: str, channel_id: int, payload: np.ndarray) -> None
         _pending.append((MPI.COMM_WORLD.Isend([header, MPI.BYTE], peer.target, tag), header, channel_id, peer.target))
     request = MPI.COMM_WORLD.Isend([payload, MPI.BYTE], peer.target, tag)
     _pending.append((request, payload, channel_id, peer.target))
-    if not _drain_registered:
-        atexit.register(drain_sends)
-        _drain_registered = True
 
 
 def _wait(name: str, channel_id: int, source: int, ready: Callable[[], bool], cancelled: Callable[[], bool]) -> None:
