@@ -91,9 +91,9 @@ def test_the_header_shows_the_sizes_the_modules_ran_on() -> None:
     dynamic = JobReport("m.onnx", "relax", "llvm", 3, 5, inputs={"ids": [3, 5], "mask": [3, 5], "scale": [1]})
     assert dynamic.sizes() == "batch 3  seq 5"
     static = JobReport("m.onnx", "relax", "llvm", 3, 5, inputs={"x": [1, 8]})  # the header said batch 3, seq 5
-    assert static.sizes() == "inputs x (1, 8) (--batch 3 and --seq 5 do not apply: the model fixes these sizes)"
+    assert static.sizes() == "inputs x (1, 8) (--batch 3 and --seq 5 do not apply: no input axis of the model takes them)"
     no_seq = JobReport("m.onnx", "relax", "llvm", 3, 5, inputs={"x": [3, 16]})
-    assert no_seq.sizes() == "inputs x (3, 16) (--seq 5 does not apply: the model fixes these sizes)"
+    assert no_seq.sizes() == "inputs x (3, 16) (--seq 5 does not apply: no input axis of the model takes it)"
     assert static.to_dict()["inputs"] == {"x": [1, 8]}
     image = JobReport("m.onnx", "relax", "llvm", 1, 10, inputs={"img": [1, 3, 10, 10]})  # --seq set h and w
     assert image.sizes() == "batch 1  seq 10"  # said "--seq 10 does not apply" (review)

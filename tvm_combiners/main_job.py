@@ -90,8 +90,9 @@ class JobReport:
         if not unused:
             return f"batch {self.batch}  seq {self.seq}"
         listed = ", ".join(f"{name} {tuple(shape)}" for name, shape in self.inputs.items())
-        verb = "do not apply" if len(unused) > 1 else "does not apply"
-        return f"inputs {listed} ({' and '.join(unused)} {verb}: the model fixes these sizes)"
+        verb, them = ("do not apply", "them") if len(unused) > 1 else ("does not apply", "it")
+        # fixed sizes, or no such axis at all ([n, 16] has no sequence): "the model fixes" was wrong there
+        return f"inputs {listed} ({' and '.join(unused)} {verb}: no input axis of the model takes {them})"
 
     def table(self) -> str:
         ops = sorted({k for v in self.variants for k, n in v.ops.items() if n} or {"matmul"})
