@@ -12,9 +12,10 @@ depend on, and opens a new one otherwise, so independent ops after a dependent o
 full. A node larger than the byte threshold on its own is left alone.
 
 Groups are first formed against the graph's own reachability and the whole set is then proven
-acyclic in one linear pass (:func:`contracted_order`). Only if two groups would depend on each
-other is the walk repeated the exact way, contracting reachability after every join (as XLA
-recomputes it after every group), so no set of groups can ever form a cycle.
+acyclic in one linear pass (:func:`contracted_order`). Only if groups would depend on each
+other is the walk repeated, contracting reachability after the joins of the groups on that cycle,
+and, should a cycle remain, after every join (as XLA recomputes it after every group), so no set
+of groups can ever form a cycle.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
-from .graph import Graph, Node, Reachability, contracted_order
+from .graph import Graph, Node, Reachability, contracted_order, groups_on_cycles
 
 
 @dataclass
@@ -49,15 +50,27 @@ def combine_by_key(
     if (threshold_bytes is not None and threshold_bytes <= 0) or (threshold_count is not None and threshold_count < 2):
         return []
     keys = [key_of(node) for node in graph.nodes]
-    groups = _walk(graph, keys, threshold_bytes, threshold_count, exact=False)
     is_leaf = lambda i: not graph[i].deps  # noqa: E731 - leaves cannot take part in a cycle
-    if contracted_order(graph, groups, is_leaf, lambda g: groups[g][0]) is not None:
+
+    def acyclic(groups: list[list[int]]) -> bool:
+        return contracted_order(graph, groups, is_leaf, lambda g: groups[g][0]) is not None
+
+    groups = _walk(graph, keys, threshold_bytes, threshold_count, contract=None)
+    if acyclic(groups):
         return groups
-    return _walk(graph, keys, threshold_bytes, threshold_count, exact=True)
+    # contract only around the groups on a cycle; every join the exact way if one remains
+    hot = {m for g in groups_on_cycles(graph, groups, is_leaf) for m in groups[g]}
+    partial = _walk(graph, keys, threshold_bytes, threshold_count, contract=lambda members: not hot.isdisjoint(members))
+    if acyclic(partial):
+        return partial
+    return _walk(graph, keys, threshold_bytes, threshold_count, contract=lambda members: True)
 
 
 def _walk(graph: Graph, keys: list[Hashable | None], threshold_bytes: int | None, threshold_count: int | None,
-          exact: bool) -> list[list[int]]:
+          contract: Callable[[list[int]], bool] | None) -> list[list[int]]:
+    """One walk in program order; ``contract`` says after which joins reachability is contracted
+    (None: never, the fast way)."""
+    exact = contract is not None
     reach = Reachability(graph)
     open_groups: dict[Hashable, list[_OpenGroup]] = {}
     done: list[list[int]] = []
@@ -87,7 +100,7 @@ def _walk(graph: Graph, keys: list[Hashable | None], threshold_bytes: int | None
         group.members.append(node.index)
         group.bits |= 1 << node.index
         group.nbytes += nbytes or 0
-        if exact and len(group.members) > 1:
+        if contract is not None and len(group.members) > 1 and contract(group.members):
             reach.contract(group.members)
         if not fits(group, 0) or (threshold_bytes is not None and group.nbytes == threshold_bytes):
             candidates.remove(group)  # full: nothing more can join
