@@ -179,6 +179,29 @@ def test_a_channel_two_functions_share_never_combines(f_channel):
     _same_vm_results(mod, new, [P.data(0, (4,), "float32", i) for i in range(3)])
 
 
+def test_no_collective_moves_across_a_call_to_a_function_that_runs_them():
+    """Review (helper-46): main (let form) sends on channel 0, calls f, which sends and receives on
+    channel 0, then receives on 0; f's recv takes main's payload (first in, first out). Combining
+    main's allreduces {a, b} (b reads f's result) re-emitted the chain with f before main's send, so
+    the recvs swapped payloads, silently. The call is a barrier now, as an if holding collectives is."""
+    p = [[0, 0]]
+    z = relay.var("z", shape=(4,))
+    mod = tvm.IRModule()
+    mod["f"] = relay.Function([z], C.recv((4,), "float32", p, channel_id=0, token=C.send(z, p, channel_id=0)))
+    mod = relay.transform.InferType()(mod)
+    xs = _vars(*[((4,), "float32")] * 3)
+    a, y, b, r = (relay.var(name, shape=(4,)) for name in ("a", "y", "b", "r"))
+    t = relay.var("t", shape=(), dtype="int32")
+    bindings = [(a, C.allreduce(xs[2], group=ONE)), (t, C.send(relay.add(a, xs[0]), p, channel_id=0)),
+                (y, relay.Call(mod.get_global_var("f"), [xs[1]])), (b, C.allreduce(y, group=ONE)),
+                (r, C.recv((4,), "float32", p, channel_id=0, token=t))]
+    mod["main"] = relay.Function(xs, _let_chain(*bindings, result=relay.Tuple([a, b, r, y])))
+    mod = relay.transform.InferType()(mod)
+    for factory in (CB.AllReduceCombiner, CB.CombineCollectives):
+        new = factory()(mod)
+        _same_vm_results(mod, new, [P.data(0, (4,), "float32", i) for i in range(3)])
+
+
 def test_new_channels_follow_function_names():
     """A module's functions come out of its Map in an order that follows object addresses, which
     differs per process: ranks numbered the combined transfers of 8 functions differently, and each

@@ -239,7 +239,37 @@ def _reschedule(reg: Any, order: list[int], plan_order: list[int], units: list[_
     return body
 
 
-def _combine_function(func: relay.Function, opts: CombinerOptions, channels: ChannelBook) -> relay.Function:
+def _functions_with_collectives(mod: tvm.IRModule) -> frozenset[str]:
+    """Global functions that run a collective, themselves or through the functions they call."""
+    holds: set[str] = set()
+    callees: dict[str, set[str]] = {}
+    for gv, func in mod.functions.items():
+        if isinstance(func, relay.Function):
+            found: list[bool] = []
+            called: set[str] = set()
+
+            def visit(e: Any, found: list[bool] = found, called: set[str] = called) -> None:
+                if isinstance(e, relay.GlobalVar):
+                    called.add(e.name_hint)
+                elif CRL.is_collective(e):
+                    found.append(True)
+
+            relay.analysis.post_order_visit(func.body, visit)
+            callees[gv.name_hint] = called
+            if found:
+                holds.add(gv.name_hint)
+    grew = True
+    while grew:
+        grew = False
+        for name, called in callees.items():
+            if name not in holds and not called.isdisjoint(holds):
+                holds.add(name)
+                grew = True
+    return frozenset(holds)
+
+
+def _combine_function(func: relay.Function, opts: CombinerOptions, channels: ChannelBook,
+                      holders: Callable[[], frozenset[str]]) -> relay.Function:
     """Combine the collectives of the function's top-level region (:func:`..relay.region`).
 
     Left unchanged where nothing is provable: dependences in a cycle, or a send or recv out of the
@@ -252,10 +282,16 @@ def _combine_function(func: relay.Function, opts: CombinerOptions, channels: Cha
     exprs = reg.exprs
     deps = [set(d) for d in reg.deps]
     # an if, closure or loop holding collectives is a barrier (as an if is in Relax): no collective
-    # moves across it, so every rank keeps calling them in the same sequence
+    # moves across it, so every rank keeps calling them in the same sequence. So is a call to a
+    # global function that runs collectives: a send moved past one sending on its channel swapped
+    # the two recvs' payloads (channels pair first in, first out across functions)
     specs = [CRL.info(e) for e in exprs]
     ours = [spec is not None for spec in specs]
-    order_around_barriers(deps, [i in reg.nested for i in range(len(exprs))], before=ours, after=ours)
+    barriers = [i in reg.nested for i in range(len(exprs))]
+    for i, e in enumerate(exprs):
+        if isinstance(e, relay.Call) and isinstance(e.op, relay.GlobalVar) and e.op.name_hint in holders():
+            barriers[i] = True
+    order_around_barriers(deps, barriers, before=ours, after=ours)
     classified = [_classify(e, opts) for e in exprs]
     matches: list[tuple[int, int]] = []
     channel_pairs: list[list[tuple[int, int]]] = []
@@ -347,12 +383,13 @@ def _combine_module(mod: tvm.IRModule, opts: CombinerOptions) -> tvm.IRModule:
     if ordered is not None:
         mod = relay.transform.InferType()(ordered)
     channels = ChannelBook(lambda mod=mod: _channels_by_function(mod))
+    holders = functools.cache(lambda mod=mod: _functions_with_collectives(mod))  # read where a function calls one
     updates = {}
     # by name: every rank numbers the new channels alike (a Map's order follows object addresses,
     # and ranks that numbered 8 functions differently received each other's payloads)
     for gv, func in sorted(mod.functions.items(), key=lambda item: item[0].name_hint):
         if isinstance(func, relay.Function):
-            new = _combine_function(func, opts, channels)
+            new = _combine_function(func, opts, channels, holders)
             if not new.same_as(func):
                 updates[gv] = new
     if not updates:
