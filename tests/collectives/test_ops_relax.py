@@ -596,6 +596,25 @@ def test_sends_inside_branches_are_refused():
         C.OrderSendRecv()(bb.get())
 
 
+def test_sends_inside_closures_are_refused_as_closures():
+    """Review: a local function that sends and receives was refused as 'an if/else branch'."""
+    z, x = tensor((4,), name="z"), tensor((4,))
+    inner = relax.BlockBuilder()
+    with inner.function("g", [z], pure=False):
+        t = inner.emit(C.send(z, [[0, 0]]))
+        inner.emit_func_output(inner.emit(C.recv((4,), "float32", [[0, 0]], token=t)))
+    closure = inner.get()["g"].without_attr("global_symbol")
+
+    def body(bb, x):
+        t0 = bb.emit(C.send(x, [[0, 0]]))
+        g = bb.emit(closure)
+        return [bb.emit(relax.Call(g, [x])), bb.emit(C.recv((4,), "float32", [[0, 0]], token=t0))]
+
+    with pytest.raises(SendRecvOrderError, match=re.escape("function 'main' has a send or recv inside a local "
+                                                           "function (a closure); sends and recvs must be top-level")):
+        C.OrderSendRecv()(build(body, [x]))
+
+
 def test_ordering_core_moves_sends_up_and_keeps_effects_in_order():
     from tvm_combiners.collectives.ordering import OrderNode, plan_send_recv_order
 

@@ -358,10 +358,12 @@ def _order_nodes(units: list[tuple[Any, bool]], where: str) -> list[OrderNode] |
                 kind, node = "recv", OrderNode("recv", (), spec.channel_id, spec.pairs, payload(spec.shape, spec.dtype))
             elif spec is None and relax.analysis.contains_impure_call(unit.value):
                 if not isinstance(unit.value, relax.Call) and _nested_p2p(unit.value):
+                    inside = ("a local function (a closure)" if isinstance(unit.value, relax.Function)
+                              else "an if/else branch")  # a closure was called a branch (review)
                     raise SendRecvOrderError(
-                        f"OrderSendRecv: {where} has a send or recv inside an if/else branch; sends and recvs must "
-                        "be top-level bindings of the function (move the branch into its own function or the "
-                        "transfer out of the branch)"
+                        f"OrderSendRecv: {where} has a send or recv inside {inside}; sends and recvs must "
+                        "be top-level bindings of the function (move that code into its own global function or "
+                        "the transfer out of it)"
                     )
                 kind = "effect"
         kinds.append((kind, node))
