@@ -239,8 +239,8 @@ def _reschedule(reg: Any, order: list[int], plan_order: list[int], units: list[_
     return body
 
 
-def _functions_with_collectives(mod: tvm.IRModule) -> frozenset[str]:
-    """Global functions that run a collective, themselves or through the functions they call."""
+def _functions_with_transfers(mod: tvm.IRModule) -> frozenset[str]:
+    """Global functions that send or receive, themselves or through the functions they call."""
     holds: set[str] = set()
     callees: dict[str, set[str]] = {}
     for gv, func in mod.functions.items():
@@ -251,7 +251,7 @@ def _functions_with_collectives(mod: tvm.IRModule) -> frozenset[str]:
             def visit(e: Any, found: list[bool] = found, called: set[str] = called) -> None:
                 if isinstance(e, relay.GlobalVar):
                     called.add(e.name_hint)
-                elif CRL.is_collective(e):
+                elif CRL.is_collective(e, S.P2P_KINDS):
                     found.append(True)
 
             relay.analysis.post_order_visit(func.body, visit)
@@ -282,16 +282,19 @@ def _combine_function(func: relay.Function, opts: CombinerOptions, channels: Cha
     exprs = reg.exprs
     deps = [set(d) for d in reg.deps]
     # an if, closure or loop holding collectives is a barrier (as an if is in Relax): no collective
-    # moves across it, so every rank keeps calling them in the same sequence. So is a call to a
-    # global function that runs collectives: a send moved past one sending on its channel swapped
-    # the two recvs' payloads (channels pair first in, first out across functions)
+    # moves across it, so every rank keeps calling them in the same sequence
     specs = [CRL.info(e) for e in exprs]
     ours = [spec is not None for spec in specs]
-    barriers = [i in reg.nested for i in range(len(exprs))]
-    for i, e in enumerate(exprs):
-        if isinstance(e, relay.Call) and isinstance(e.op, relay.GlobalVar) and e.op.name_hint in holders():
-            barriers[i] = True
-    order_around_barriers(deps, barriers, before=ours, after=ours)
+    order_around_barriers(deps, [i in reg.nested for i in range(len(exprs))], before=ours, after=ours)
+    # A call to a global function that sends or receives is one for the transfers on channels that
+    # functions share: a send moved past a call sending on its channel swapped the two recvs'
+    # payloads (a channel's messages pair first in, first out across functions)
+    calls = [isinstance(e, relay.Call) and isinstance(e.op, relay.GlobalVar) and e.op.name_hint in holders()
+             for e in exprs]
+    if any(calls):
+        shared = [spec is not None and spec.kind in S.P2P_KINDS and spec.channel_id in channels.shared
+                  for spec in specs]
+        order_around_barriers(deps, calls, before=shared, after=shared)
     classified = [_classify(e, opts) for e in exprs]
     matches: list[tuple[int, int]] = []
     channel_pairs: list[list[tuple[int, int]]] = []
@@ -383,7 +386,7 @@ def _combine_module(mod: tvm.IRModule, opts: CombinerOptions) -> tvm.IRModule:
     if ordered is not None:
         mod = relay.transform.InferType()(ordered)
     channels = ChannelBook(lambda mod=mod: _channels_by_function(mod))
-    holders = functools.cache(lambda mod=mod: _functions_with_collectives(mod))  # read where a function calls one
+    holders = functools.cache(lambda mod=mod: _functions_with_transfers(mod))  # read where a function calls one
     updates = {}
     # by name: every rank numbers the new channels alike (a Map's order follows object addresses,
     # and ranks that numbered 8 functions differently received each other's payloads)
