@@ -225,6 +225,12 @@ def test_an_input_name_is_stripped_only_before_an_axis_number():
     model.graph.node[0].input[0] = "s"
     prepared = prepare_onnx(model, batch=2, seq=5)
     assert {k: v[0] for k, v in input_specs(prepared).items()} == {"a": [5, 2, 4], "s": [5, 2, 4]}
+    # the whole name before a separator still goes: "position" in position_ids_dim_0 says nothing
+    model = _two_input_model([2, 5], ["position_ids_dim_0", "position_ids_dim_1"])
+    model.graph.input[1].name = "position_ids"
+    model.graph.node[0].input[0] = "position_ids"
+    prepared = prepare_onnx(model, batch=2, seq=5)
+    assert input_specs(prepared)["position_ids"][0] == [2, 5]  # was [5, 5] for a moment (review)
 
 
 def test_inputs_of_types_numpy_lacks_are_refused_by_name():

@@ -55,8 +55,8 @@ def _dim_size(name: str, axis: int, batch: int | None, seq: int | None, named: d
     if name and name in named:
         return named[name]
     lname = name.lower()
-    if owner and lname.startswith(owner.lower()) and re.fullmatch(r"(_?dynamic_axes)?_?\d*", lname[len(owner):]):
-        lname = ""  # the input's name and an axis number: only the axis says (a review's input 's' read 'seq' as 'eq')
+    if owner and lname.startswith(owner.lower()) and not lname[len(owner):len(owner) + 1].isalnum():
+        lname = lname[len(owner):]  # a whole word only: input 's' read dim 'seq' as 'eq' (review)
     lname = re.sub(r"_?dynamic_axes_\d+$", "", lname)
     size = (batch if any(w in lname for w in _BATCH_WORDS) else seq if any(w in lname for w in _SEQ_WORDS)
             else batch if axis == 0 else seq)
@@ -383,7 +383,7 @@ def time_onnxruntime(model: onnx.ModelProto, inputs: dict[str, np.ndarray], repe
         session = _ort_session(model, threads)
         binding = session.io_binding()
         for name, value in inputs.items():
-            binding.bind_cpu_input(name, np.ascontiguousarray(value))
+            binding.bind_cpu_input(name, np.require(value, requirements="C"))  # ascontiguousarray made 0-d 1-d
         for output in session.get_outputs():
             binding.bind_output(output.name)
         session.run_with_iobinding(binding)
