@@ -263,11 +263,23 @@ def test_a_rank_that_leaves_with_sys_exit_is_named_at_the_timeout(tmp_path: Path
 
 
 def test_ranks_that_all_end_with_os_exit_pass(tmp_path: Path) -> None:
-    """Programs that skip MPI's finalization with os._exit(0) at their end are not failures."""
-    proc = _run(2, "all_os_exit", tmp_path, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    assert "tvm-combiners launch" not in proc.stderr
-    assert sorted(p.name for p in tmp_path.glob("*.passed")) == ["rank0.passed", "rank1.passed"]
+    """Programs that skip MPI's finalization with os._exit(0) at their end are not failures.
+
+    MPICH's mpiexec stops the other ranks when one leaves without finalizing, and a rank between
+    the last barrier and its own os._exit can be stopped first (CI, 2026-11-25): then the launcher
+    must name it, and a retry must pass."""
+    stopped = re.compile(r"tvm-combiners launch: the job did not finish: rank (\d) ended its program, exit code 0, "
+                         r"while rank (\d) had not; mpiexec stopped rank \2 and exited 0")
+    for attempt in range(3):
+        out = tmp_path / str(attempt)
+        out.mkdir()
+        proc = _run(2, "all_os_exit", out, timeout=60)
+        if proc.returncode == 0:
+            assert "tvm-combiners launch" not in proc.stderr
+            assert sorted(p.name for p in out.glob("*.passed")) == ["rank0.passed", "rank1.passed"]
+            return
+        assert proc.returncode == 1 and stopped.search(proc.stderr), proc.stderr
+    pytest.fail("every attempt had a rank stopped by mpiexec")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
