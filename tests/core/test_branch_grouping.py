@@ -62,15 +62,20 @@ def test_weight_depending_on_a_branch_is_excluded():
     assert r1 not in plan.members
 
 
-def test_cycle_through_two_groups_is_avoided():
-    # group A = {a0, a1} on x, group B = {b0, b1} on y; b1's weight reads a0, a1's weight reads b0.
-    # Each group alone is fine; combining both would make A and B depend on each other.
-    b = G()
+def cycle_motif(b):
+    """Group A = {a0, a1} on x, group B = {b0, b1} on y; b1's weight reads a0, a1's weight reads b0.
+    Each group alone is fine; combining both would make A and B depend on each other."""
     x, y = b.leaf(), b.leaf()
     a0 = b.root(x, b.leaf(), 8)
     b0 = b.root(y, b.leaf(), 8)
     a1 = b.root(x, b.other(b0), 4)
     b1 = b.root(y, b.other(a0), 4)
+    return a0, b0, a1, b1
+
+
+def test_cycle_through_two_groups_is_avoided():
+    b = G()
+    a0, b0, a1, b1 = cycle_motif(b)
     plans = plan_combinations(b.g, ["matmul"])
     assert [p.roots for p in plans] == [(a0, a1)]
     assert b1 not in plans[0].members
@@ -189,19 +194,15 @@ def test_gc_paused_restores_the_collector():
         gc.enable()
 
 
-def test_a_cycle_is_replanned_around_its_groups_only(monkeypatch):
+def test_a_cycle_is_replanned_around_its_groups_only(contractions):
     """helper-43's case: one cycle motif among many layers re-planned every group the exact way,
     contracting reachability after each (800 layers: 13 s). Only the groups on the cycle contract
     now, and the plan is the one the exact way gives."""
     from tvm_combiners.core import branch_grouping
-    from tvm_combiners.core.graph import Reachability, groups_on_cycles
+    from tvm_combiners.core.graph import groups_on_cycles
 
     b = G()
-    x, y = b.leaf(), b.leaf()
-    a0 = b.root(x, b.leaf(), 8)
-    b0 = b.root(y, b.leaf(), 8)
-    a1 = b.root(x, b.other(b0), 4)
-    b1 = b.root(y, b.other(a0), 4)
+    a0, b0, a1, b1 = cycle_motif(b)
     h = b.other(a0, b0, a1, b1, shape=(4, 8))
     for _ in range(20):  # layers after the motif, each a group of three on the last layer's output
         rs = [b.root(h, b.leaf(), w) for w in (8, 8, 8)]
@@ -209,12 +210,8 @@ def test_a_cycle_is_replanned_around_its_groups_only(monkeypatch):
     fast = [[a0, a1], [b0, b1]]
     assert groups_on_cycles(b.g, fast, lambda i: not b.g[i].deps) == [0, 1]
     assert groups_on_cycles(b.g, [[a0, a1]], lambda i: not b.g[i].deps) == []
-    contracted = []
-    real = Reachability.contract
-    monkeypatch.setattr(Reachability, "contract", lambda self, members: (contracted.append(list(members)),
-                                                                         real(self, members))[1])
     plans = plan_combinations(b.g, ["matmul"])
-    assert contracted == [[a0, a1]]  # the exact way: 21 contractions
+    assert contractions == [[a0, a1]]  # the exact way: 21 contractions
     args = (b.g, frozenset(["matmul"]), frozenset(), CombineOptions(), None)
     exact = branch_grouping._Planner(*args, contract=lambda members: True).run()
     assert [p.roots for p in plans] == [p.roots for p in exact] and len(plans) == 21
