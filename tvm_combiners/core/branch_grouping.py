@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .graph import Dim, Graph, Node, Reachability, bitset, contracted_order, groups_on_cycles
+from .graph import Contract, Dim, Graph, Node, Reachability, bitset, plan_without_cycles
 from .kernel_alignment import KernelAlignment, align_kernels
 
 
@@ -118,38 +118,20 @@ def plan_combinations(
 ) -> list[CombinePlan]:
     """All combinations to apply to ``graph``, in deterministic program order.
 
-    The fast way checks each group against the graph's own reachability and then proves the
-    whole set of groups acyclic in one linear pass. Only when groups would form a cycle together
-    does it plan again, contracting reachability after each group that touches the groups on
-    that cycle, and, should a cycle remain, after every group as XLA's combiners do (quadratic),
-    so a rewrite can never create a cycle.
+    Groups never depend on each other (:func:`plan_without_cycles`), so a rewrite can never
+    create a cycle.
     ``shared_weight_families`` also groups roots of those families that read one weight with
     different inputs; shared-input groups are planned first, so a root prefers them.
     """
     args = (graph, frozenset(families), frozenset(shared_weight_families), options, veto)
-
-    def leaf(i: int) -> bool:
-        return not graph[i].deps
-
-    def acyclic(plans: list[CombinePlan]) -> bool:
-        return contracted_order(graph, [p.members for p in plans], leaf, lambda g: min(plans[g].ends)) is not None
-
-    fast = _Planner(*args, contract=None).run()
-    if acyclic(fast):
-        return fast
-    # Contract only around the groups on a cycle (one motif among 800 layers re-planned every
-    # group exactly: quadratic); the whole exact way if that still leaves one.
-    hot = {m for g in groups_on_cycles(graph, [p.members for p in fast], leaf) for m in fast[g].members}
-    partial = _Planner(*args, contract=lambda members: not hot.isdisjoint(members)).run()
-    if acyclic(partial):
-        return partial
-    return _Planner(*args, contract=lambda members: True).run()
+    return plan_without_cycles(graph, lambda contract: _Planner(*args, contract=contract).run(),
+                               lambda p: p.members, lambda p: min(p.ends))
 
 
 class _Planner:
     def __init__(self, graph: Graph, families: frozenset[str], weight_families: frozenset[str],
                  options: CombineOptions, veto: Veto | None,
-                 contract: Callable[[list[int]], bool] | None) -> None:
+                 contract: Contract | None) -> None:
         self.graph = graph
         self.families = families
         self.weight_families = weight_families

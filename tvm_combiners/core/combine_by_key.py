@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
-from .graph import Graph, Node, Reachability, contracted_order, groups_on_cycles
+from .graph import Contract, Graph, Node, Reachability, plan_without_cycles
 
 
 @dataclass
@@ -50,24 +50,12 @@ def combine_by_key(
     if (threshold_bytes is not None and threshold_bytes <= 0) or (threshold_count is not None and threshold_count < 2):
         return []
     keys = [key_of(node) for node in graph.nodes]
-    is_leaf = lambda i: not graph[i].deps  # noqa: E731 - leaves cannot take part in a cycle
-
-    def acyclic(groups: list[list[int]]) -> bool:
-        return contracted_order(graph, groups, is_leaf, lambda g: groups[g][0]) is not None
-
-    groups = _walk(graph, keys, threshold_bytes, threshold_count, contract=None)
-    if acyclic(groups):
-        return groups
-    # contract only around the groups on a cycle; every join the exact way if one remains
-    hot = {m for g in groups_on_cycles(graph, groups, is_leaf) for m in groups[g]}
-    partial = _walk(graph, keys, threshold_bytes, threshold_count, contract=lambda members: not hot.isdisjoint(members))
-    if acyclic(partial):
-        return partial
-    return _walk(graph, keys, threshold_bytes, threshold_count, contract=lambda members: True)
+    return plan_without_cycles(graph, lambda contract: _walk(graph, keys, threshold_bytes, threshold_count, contract),
+                               lambda group: group, lambda group: group[0])
 
 
 def _walk(graph: Graph, keys: list[Hashable | None], threshold_bytes: int | None, threshold_count: int | None,
-          contract: Callable[[list[int]], bool] | None) -> list[list[int]]:
+          contract: Contract | None) -> list[list[int]]:
     """One walk in program order; ``contract`` says after which joins reachability is contracted
     (None: never, the fast way)."""
     exact = contract is not None
