@@ -438,10 +438,53 @@ class _AddTokens(ShallowExprMutator):
         return relay.Call(new.op, args, new.attrs, new.type_args, new.span)
 
 
-def _has_p2p(body: relay.Expr) -> bool:
-    found: list[bool] = []
-    relay.analysis.post_order_visit(body, lambda e: found.append(True) if is_collective(e, S.P2P_KINDS) else None)
-    return bool(found)
+@dataclasses.dataclass(frozen=True)
+class FunctionTransfers:
+    """What one global function sends and receives on, and which global functions it calls."""
+
+    channels: tuple[int, ...]  # the channel id of each send and recv, nested ones included
+    callees: frozenset[str]
+
+
+def transfers_by_function(mod: tvm.IRModule) -> dict[str, FunctionTransfers]:
+    """One walk of every global function, without types (so a module with no send or recv is
+    never type-checked for OrderSendRecv: InferType is most of the collective passes' time)."""
+    out: dict[str, FunctionTransfers] = {}
+    for gv, func in mod.functions.items():
+        if not isinstance(func, relay.Function):
+            continue
+        channels: list[int] = []
+        called: set[str] = set()
+
+        def visit(e: Any, channels: list[int] = channels, called: set[str] = called) -> None:
+            if isinstance(e, relay.GlobalVar):
+                called.add(e.name_hint)
+            else:
+                spec = info(e)
+                if spec is not None and spec.kind in S.P2P_KINDS:
+                    channels.append(spec.channel_id)
+
+        relay.analysis.post_order_visit(func.body, visit)
+        out[gv.name_hint] = FunctionTransfers(tuple(channels), frozenset(called))
+    return out
+
+
+def p2p_functions(walk: dict[str, FunctionTransfers]) -> set[str]:
+    """Names of the functions that hold a send or recv themselves."""
+    return {name for name, t in walk.items() if t.channels}
+
+
+def functions_with_transfers(walk: dict[str, FunctionTransfers]) -> frozenset[str]:
+    """Global functions that send or receive, themselves or through the functions they call."""
+    holds = p2p_functions(walk)
+    grew = True
+    while grew:
+        grew = False
+        for name, t in walk.items():
+            if name not in holds and not t.callees.isdisjoint(holds):
+                holds.add(name)
+                grew = True
+    return frozenset(holds)
 
 
 def well_scoped(func: relay.Function) -> bool:
@@ -452,8 +495,6 @@ def well_scoped(func: relay.Function) -> bool:
 
 def _order_function(name: str, func: relay.Function) -> relay.Function:
     where = f"function '{name}'"
-    if not _has_p2p(func.body):
-        return func
     reg = region(func.body)
     if reg is None:
         raise SendRecvOrderError(
@@ -534,16 +575,10 @@ def _token_sources(reg: _Region, nodes: list[OrderNode], plan: Any, where: str,
     return after
 
 
-def p2p_functions(mod: tvm.IRModule) -> set[str]:
-    """Names of the functions that hold a send or recv: found without types, so a module with
-    none is never type-checked for OrderSendRecv (InferType is most of the collective passes' time:
-    TVM 0.16's grows faster than the module)."""
-    return {gv.name_hint for gv, func in mod.functions.items() if isinstance(func, relay.Function) and _has_p2p(func.body)}
-
-
 def order_typed_module(mod: tvm.IRModule, names: set[str]) -> tvm.IRModule | None:
-    """OrderSendRecv's rewrite of the functions ``names`` of a type-checked module, not type-checked
-    again (the combiners type-check the module anyway); None: nothing to order."""
+    """OrderSendRecv's rewrite of the functions ``names`` (those that send or receive) of a
+    type-checked module, not type-checked again (the combiners type-check the module anyway);
+    None: nothing to order."""
     updates = {}
     for gv, func in sorted(mod.functions.items(), key=lambda item: item[0].name_hint):  # one error on every rank
         if isinstance(func, relay.Function) and gv.name_hint in names:
@@ -569,7 +604,7 @@ def OrderSendRecv() -> tvm.transform.Pass:  # noqa: N802 - a pass factory, named
 
     @gc_paused()
     def transform(original: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        names = p2p_functions(original)
+        names = p2p_functions(transfers_by_function(original))
         ordered = order_typed_module(relay.transform.InferType()(original), names) if names else None
         return original if ordered is None else relay.transform.InferType()(ordered)
 

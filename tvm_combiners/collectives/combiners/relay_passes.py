@@ -239,35 +239,6 @@ def _reschedule(reg: Any, order: list[int], plan_order: list[int], units: list[_
     return body
 
 
-def _functions_with_transfers(mod: tvm.IRModule) -> frozenset[str]:
-    """Global functions that send or receive, themselves or through the functions they call."""
-    holds: set[str] = set()
-    callees: dict[str, set[str]] = {}
-    for gv, func in mod.functions.items():
-        if isinstance(func, relay.Function):
-            found: list[bool] = []
-            called: set[str] = set()
-
-            def visit(e: Any, found: list[bool] = found, called: set[str] = called) -> None:
-                if isinstance(e, relay.GlobalVar):
-                    called.add(e.name_hint)
-                elif CRL.is_collective(e, S.P2P_KINDS):
-                    found.append(True)
-
-            relay.analysis.post_order_visit(func.body, visit)
-            callees[gv.name_hint] = called
-            if found:
-                holds.add(gv.name_hint)
-    grew = True
-    while grew:
-        grew = False
-        for name, called in callees.items():
-            if name not in holds and not called.isdisjoint(holds):
-                holds.add(name)
-                grew = True
-    return frozenset(holds)
-
-
 def _combine_function(func: relay.Function, opts: CombinerOptions, channels: ChannelBook,
                       holders: Callable[[], frozenset[str]]) -> relay.Function:
     """Combine the collectives of the function's top-level region (:func:`..relay.region`).
@@ -356,18 +327,6 @@ def _combine_function(func: relay.Function, opts: CombinerOptions, channels: Cha
     return new
 
 
-def _channels_by_function(mod: tvm.IRModule) -> list[list[int]]:
-    """The channel ids of each function's sends and recvs."""
-    out: list[list[int]] = []
-    for _, func in mod.functions.items():
-        if isinstance(func, relay.Function):
-            used: list[int] = []
-            relay.analysis.post_order_visit(func.body, lambda e, used=used: used.append(CRL.info(e).channel_id)
-                                            if CRL.is_collective(e, S.P2P_KINDS) else None)
-            out.append(used)
-    return out
-
-
 def _combine_module(mod: tvm.IRModule, opts: CombinerOptions) -> tvm.IRModule:
     if not opts.enabled:
         return mod
@@ -375,9 +334,11 @@ def _combine_module(mod: tvm.IRModule, opts: CombinerOptions) -> tvm.IRModule:
     # Relay matches a channel's sends in the order their data gives them, and a group can give one
     # send a recv of its own channel as an ancestor, moving it behind a later send (two allreduces
     # combined: each recv got the other's payload). OrderSendRecv's tokens fix each channel's order.
+    # ordering adds tokens only: the channels and calls of each function stay as this walk finds them
+    walk = CRL.transfers_by_function(mod)
     mod = relay.transform.InferType()(mod)
     try:
-        names = CRL.p2p_functions(mod)
+        names = CRL.p2p_functions(walk)
         ordered = CRL.order_typed_module(mod, names) if names else None
     except SendRecvOrderError:
         if "send_recv" in opts.families:
@@ -385,8 +346,8 @@ def _combine_module(mod: tvm.IRModule, opts: CombinerOptions) -> tvm.IRModule:
         return original  # transfers without a provable order: no collective moves among them
     if ordered is not None:
         mod = relay.transform.InferType()(ordered)
-    channels = ChannelBook(lambda mod=mod: _channels_by_function(mod))
-    holders = functools.cache(lambda mod=mod: _functions_with_transfers(mod))  # read where a function calls one
+    channels = ChannelBook(lambda: (t.channels for t in walk.values()))
+    holders = functools.cache(lambda: CRL.functions_with_transfers(walk))  # read where a function calls one
     updates = {}
     # by name: every rank numbers the new channels alike (a Map's order follows object addresses,
     # and ranks that numbered 8 functions differently received each other's payloads)
