@@ -437,6 +437,32 @@ def test_collectives_in_a_dataflow_block_are_refused(kind):
         tvm.compile(mod, target="llvm")  # legalization's check, without the ordering pass
 
 
+@pytest.mark.parametrize("place", ["if", "closure"])
+def test_collectives_in_a_nested_dataflow_block_are_refused(place):
+    """An allreduce in a dataflow block of an if/else branch (or a local function) compiled."""
+    x = tensor((4,))
+    z = tensor((4,), name="z")
+    inner = relax.SeqExpr([relax.DataflowBlock([relax.VarBinding(z, C.allreduce(x))])], z)
+    bb = relax.BlockBuilder()
+    if place == "if":
+        c = relax.Var("c", relax.TensorType((), "bool"))
+        with bb.function("main", [x, c], pure=False):
+            bb.emit_func_output(bb.emit(relax.If(c, inner, relax.SeqExpr([], x))))
+        where = "an if/else branch in function 'main'"
+    else:
+        with bb.function("main", [x], pure=False):
+            f = bb.emit(relax.Function([], inner, relax.TensorType((4,), "float32"), is_pure=False))
+            bb.emit_func_output(bb.emit(relax.Call(f, [])))
+        where = "a local function in function 'main'"
+    mod = bb.get()
+    msg = (f"allreduce in a dataflow block of {where}: collectives are impure and must run once, in program "
+           "order, on every rank; emit them outside dataflow blocks, in a function built with pure=False")
+    with raises(msg):
+        C.OrderSendRecv()(mod)
+    with pytest.raises(Exception, match=re.escape(msg)):
+        tvm.compile(mod, target="llvm")
+
+
 def test_channel_reused_in_order_is_accepted():
     x = tensor((4,))
     ring = [[0, 1], [1, 0]]

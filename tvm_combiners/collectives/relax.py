@@ -375,17 +375,33 @@ def _order_nodes(units: list[tuple[Any, bool]], where: str) -> list[OrderNode] |
 
 def _refuse_in_dataflow(units: list[tuple[Any, bool]], where: str) -> None:
     """Our collectives are impure: in a dataflow block (ill-formed, yet TVM compiles it) no pass
-    orders them, and a recv there ran before its send: every rank waited out the recv timeout."""
+    orders them, and a recv there ran before its send: every rank waited out the recv timeout.
+    Dataflow blocks in if/else branches and local functions are refused too (an allreduce there
+    compiled)."""
+
+    def refuse(block: relax.DataflowBlock, place: str) -> None:
+        for binding in block.bindings:
+            spec = info(binding.value)
+            if spec is not None and spec.kind != "after_all":
+                raise S.CollectiveError(
+                    f"{spec.kind} in a dataflow block of {place}: collectives are impure and must run once, in "
+                    "program order, on every rank; emit them outside dataflow blocks, in a function built "
+                    "with pure=False"
+                )
+
+    def nested(e: Any, place: str) -> None:
+        if isinstance(e, relax.SeqExpr):
+            for block in e.blocks:
+                if isinstance(block, relax.DataflowBlock):
+                    refuse(block, place)
+
     for unit, is_block in units:
         if is_block:
-            for binding in unit.bindings:
-                spec = info(binding.value)
-                if spec is not None and spec.kind != "after_all":
-                    raise S.CollectiveError(
-                        f"{spec.kind} in a dataflow block of {where}: collectives are impure and must run once, in "
-                        "program order, on every rank; emit them outside dataflow blocks, in a function built "
-                        "with pure=False"
-                    )
+            refuse(unit, where)
+        for binding in unit.bindings if is_block else [unit]:
+            if isinstance(binding.value, (relax.If, relax.Function)):
+                kind = "an if/else branch" if isinstance(binding.value, relax.If) else "a local function"
+                relax.analysis.post_order_visit(binding.value, lambda e, p=f"{kind} in {where}": nested(e, p))
 
 
 def _plan(name: str, func: relax.Function) -> tuple[list[tuple[Any, bool]], OrderPlan] | None:
