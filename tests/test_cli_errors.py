@@ -169,7 +169,7 @@ def test_onnxruntime_fails_on_the_example_inputs(capsys, tmp_path):
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "s", 4])], inits)
     path = _save(graph, tmp_path / "lookup.onnx")
     assert _run(capsys, path, "--seq", "4") == (
-        2, "", f"{path}: reference: onnxruntime fails to run the model at batch 1, seq 4: Non-zero status code returned "
+        2, "", f"{path}: reference: onnxruntime fails to run the model on inputs ids (1, 4): Non-zero status code returned "
                "while running Gather node. Name:'' Status Message: indices element out of data bounds, idx=855 must be "
                "within the inclusive range [-3,2]")
 

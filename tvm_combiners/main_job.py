@@ -7,7 +7,7 @@ import importlib.util
 import math
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, TextIO
@@ -63,6 +63,11 @@ class Variant:
     tuning: dict[str, Any] | None = None  # tasks, tuned (in this run), trials_per_task, seconds, database
 
 
+def input_shapes(inputs: Mapping[str, Sequence[int]]) -> str:
+    """``ids (1, 128), mask (1, 128)``: the inputs a run was given, by name."""
+    return ", ".join(f"{name} {tuple(shape)}" for name, shape in inputs.items())
+
+
 @dataclass
 class JobReport:
     model: str
@@ -89,7 +94,7 @@ class JobReport:
                   if shapes and not any(size in shape for shape in shapes)]
         if not unused:
             return f"batch {self.batch}  seq {self.seq}"
-        listed = ", ".join(f"{name} {tuple(shape)}" for name, shape in self.inputs.items())
+        listed = input_shapes(self.inputs)
         verb, them = ("do not apply", "them") if len(unused) > 1 else ("does not apply", "it")
         # fixed sizes, or no such axis at all ([n, 16] has no sequence): "the model fixes" was wrong there
         return f"inputs {listed} ({' and '.join(unused)} {verb}: no input axis of the model takes {them})"
@@ -338,7 +343,9 @@ def run_job(model_path: str | None = None, target: str = "llvm", ir: str | None 
         progress(f"preparing (batch {batch}, seq {seq})")
         model = prepare_onnx(model, batch, seq)
         inputs = example_inputs(model, batch, seq)
-    with _stage(path, "reference", f"onnxruntime fails to run the model at batch {batch}, seq {seq}", bad_input=True):
+    # the shapes it ran on, not --batch/--seq: a model may fix its sizes, or have no sequence axis
+    shapes = input_shapes({name: array.shape for name, array in inputs.items()})
+    with _stage(path, "reference", f"onnxruntime fails to run the model on inputs {shapes}", bad_input=True):
         progress("running onnxruntime for reference outputs")
         reference = run_onnxruntime(model, inputs)
     progress(f"importing into {ir}")
