@@ -457,8 +457,11 @@ def test_launch_cli_usage_errors() -> None:
     cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "2", "--"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == ("tvm-combiners launch: no command to run: give it after '--', "
+    assert proc.stderr.strip() == ("tvm-combiners: error: launch: no command to run: give it after '--', "
                                    "e.g. -n 2 -- python prog.py")
+    proc = subprocess.run([*cmd[:4], "0", "--", "python", "x.py"], capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stderr.strip()) == (
+        2, "tvm-combiners: error: launch: the number of ranks must be a positive integer, got 0")
 
 
 

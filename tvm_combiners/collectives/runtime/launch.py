@@ -334,7 +334,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         return launch(args.np, args.argv, timeout=args.timeout)
     except (ValueError, FileNotFoundError) as err:
-        print(f"{err}" if str(err).startswith(PREFIX) else f"{PREFIX}: error: {err}", file=sys.stderr)
+        # as the CLI's other usage errors (and argparse's own for launch) read
+        print(f"tvm-combiners: error: launch: {str(err).removeprefix(PREFIX + ': ')}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:
         why = str(err) or "SIGINT"
