@@ -42,6 +42,21 @@ def test_layouts_with_bias_and_relu(data_layout, kernel_layout):
     assert_same_outputs(mod, new, random_inputs(mod), atol=1e-4)
 
 
+@pytest.mark.parametrize("kernel_layout", ["WHIO", "OIWH"])
+def test_kernels_with_w_before_h_are_left_alone(kernel_layout):
+    """Review (a silent wrong result): TVM 0.27 lowers a WHIO or OIWH kernel as if H came first, so
+    its 3x1 branch is wrong already; combining padded the correct 1x1 sibling into that kernel and
+    made it wrong too ((1, 9, 6, 3) where the module says (1, 7, 8, 3))."""
+    def body(bb, x):
+        return [bb.emit(R.nn.conv2d(x, _w(_kernel_shape(kernel_layout, out_c, 3, kh, 1), out_c), padding=pad,
+                                    data_layout="NHWC", kernel_layout=kernel_layout))
+                for out_c, kh, pad in ((2, 3, (1, 0, 1, 0)), (3, 1, 0))]
+
+    mod = make_module({"x": ((1, 7, 8, 3), F32)}, body)
+    for new in (CombineParallelConv2D()(mod), CombineParallelOps()(mod), CombineParallelOps(to_batch=True)(mod)):
+        assert ops(new, "nn.conv2d") == 2
+
+
 @pytest.mark.parametrize("strides,dilation", [(1, 1), (2, 1), (1, 2)])
 def test_different_kernel_sizes_are_zero_padded(strides, dilation):
     def body(bb, x):
