@@ -32,11 +32,11 @@ prog = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(prog)
 
 
-def _run(n: int, mode: str, out: Path, timeout: float) -> subprocess.CompletedProcess:
+def _run(n: int, mode: str, out: Path, timeout: float, **env: str) -> subprocess.CompletedProcess:
     """The CLI's launcher in a subprocess, with a hard limit of its own above the job's timeout."""
     cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", str(n), "--timeout",
            str(timeout), "--", "python", str(PROG), str(out), mode]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30, env={**os.environ, **env})
 
 
 def _members(groups: str, n: int, rank: int) -> list[int]:
@@ -778,9 +778,12 @@ def test_check_mode_on_one_rank_only_is_named_not_misread(tmp_path: Path) -> Non
     a user's own mpiexec may not): rank 1 took rank 0's 1024-byte shape header for a 1024-byte payload
     (exit 0), and rank 0 read rank 1's payload as a header and then waited in a Probe without limit.
     Each recv now names the mismatch, takes what was sent, and the channel then works; a recv of
-    fewer than 4 bytes cannot tell a header's start: it says so, and the channel is a message behind."""
-    proc = _run(2, "mixed_check", tmp_path, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    fewer than 4 bytes cannot tell a header's start: it says so, and the channel is a message behind:
+    that message, never received, fails the job at exit (sends are synchronous)."""
+    proc = _run(2, "mixed_check", tmp_path, timeout=120, TVM_COMBINERS_SEND_DRAIN_TIMEOUT="10")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert ("tvm-combiners launch: rank 0 failed: sends never received after 10 s: channel 12 from rank 0 to rank 1\n"
+            in proc.stderr), proc.stderr[-3000:]
     env = "TVM_COMBINERS_CHECK_COLLECTIVES"
     tiny = json.loads((tmp_path / "rank1.json").read_text()).pop("12|mixed")
     assert tiny.startswith("ValueError: tvm_combiners.recv: channel 12 from rank 0: ") and tiny.endswith(
@@ -836,3 +839,20 @@ def test_a_bad_drain_timeout_fails_the_first_send_not_the_exit(tmp_path: Path) -
                           env=env)
     assert proc.returncode == 3, proc.stderr
     assert proc.stdout == "TVM_COMBINERS_SEND_DRAIN_TIMEOUT must be a positive number of seconds, got 'abc'\n"
+
+
+def test_a_small_send_nobody_receives_fails_the_job(tmp_path: Path) -> None:
+    """A 12-byte send that rank 1 never received: MPI completed the Isend at once (eager), and the job
+    exited 0. Sends are synchronous now (Issend): unmatched at exit, the job fails naming them."""
+    (tmp_path / "prog.py").write_text(
+        "import numpy as np\n"
+        "from tvm_combiners.collectives.runtime import functions as F, rank\n"
+        "if rank() == 0:\n"
+        "    F.send_np('send', '0,1', 5, np.arange(3, dtype='float32'))\n")
+    env = {**os.environ, "TVM_COMBINERS_SEND_DRAIN_TIMEOUT": "2"}
+    proc = subprocess.run([sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "2", "--timeout",
+                           "90", "--", "python", "prog.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env=env)
+    assert proc.returncode == 1, proc.stderr
+    assert ("tvm-combiners launch: rank 0 failed: sends never received after 2 s: channel 5 from rank 0 to rank 1\n"
+            in proc.stderr), proc.stderr

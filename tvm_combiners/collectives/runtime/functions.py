@@ -23,6 +23,7 @@ from ..spec import AGREE_SHAPES, CHECK_COLLECTIVES_ENV, RUNTIME_PREFIX, checking
 from . import comm as _comm
 from . import tensors
 from .comm import Group, _routes, group, mpi, route
+from .rank_main import ABORT_PREFIX
 
 REDUCTIONS = ("sum", "prod", "min", "max", "avg")
 # dtypes MPI reduces natively; others (bool, float16, bfloat16, ...) are reduced in float32/int64
@@ -162,9 +163,11 @@ def scatter_np(name: str, grp: Group, x: np.ndarray, out: np.ndarray) -> None:
 
 
 # --- point to point -------------------------------------------------------------------------------
-# A send copies its payload and posts an Isend: it never waits for the receiver, so no order of sends
+# A send copies its payload and posts an Issend: it never waits for the receiver, so no order of sends
 # and recvs in the program can deadlock on a send.  Finished sends are dropped on every later call;
 # whatever is left is completed at exit (bounded, so a recv that never comes fails the job loudly).
+# Synchronous (Issend): it completes only once matched; an Isend of up to ~16 KiB completed at once,
+# so a small send that no rank ever received was lost without a word.
 #: ``TVM_COMBINERS_CHECK_COLLECTIVES=1``: every collective first checks that its whole group calls the
 #: same one, and every recv that its send sent the shape and dtype it expects.
 _CHECK = checking_collectives()
@@ -241,8 +244,9 @@ def drain_sends(timeout: float | None = None) -> None:
         if not _pending:
             return
         if time.monotonic() > deadline:
-            stuck = "; ".join(f"channel {p[2]} to rank {p[3]}" for p in _pending)
-            print(f"tvm_combiners: rank {_comm.rank()}: sends never received after {timeout:g} s: {stuck}",
+            me = _comm.rank()
+            stuck = "; ".join(dict.fromkeys(f"channel {p[2]} from rank {me} to rank {p[3]}" for p in _pending))
+            print(f"{ABORT_PREFIX}sends never received after {timeout:g} s: {stuck}",
                   file=sys.stderr, flush=True)
             mpi().COMM_WORLD.Abort(1)
         time.sleep(0.001)
@@ -263,8 +267,8 @@ def send_np(name: str, pairs: str, channel_id: int, payload: np.ndarray) -> None
     tag = _comm.tag(channel_id)
     if _CHECK:  # the payload is bytes to MPI: say its shape first (messages of one tag keep their order)
         header = _header_row(payload)
-        _pending.append((MPI.COMM_WORLD.Isend([header, MPI.BYTE], peer.target, tag), header, channel_id, peer.target))
-    request = MPI.COMM_WORLD.Isend([payload, MPI.BYTE], peer.target, tag)
+        _pending.append((MPI.COMM_WORLD.Issend([header, MPI.BYTE], peer.target, tag), header, channel_id, peer.target))
+    request = MPI.COMM_WORLD.Issend([payload, MPI.BYTE], peer.target, tag)
     _pending.append((request, payload, channel_id, peer.target))
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ...host import on_start_cores, usable_cores
-from .rank_main import LOST_ERROR_PREFIX, MARKER_DIR
+from .rank_main import ABORT_PREFIX, LOST_ERROR_PREFIX, MARKER_DIR
 
 DEFAULT_TIMEOUT = 300.0
 PREFIX = "tvm-combiners launch"
@@ -70,7 +70,7 @@ def rank_command(argv: list[str]) -> list[str]:
 
 def rank_error(text: str) -> str | None:
     """The error a rank's stderr reports: the runtime's own line for an error TVM 0.16 loses, else a
-    traceback's last line, a fatal Python error, or MPI's abort."""
+    traceback's last line, a fatal Python error, the runtime's reason to abort, or MPI's abort."""
     lines = text.splitlines()
     said = None
     for line in lines:  # the runtime's line counts only where TVM then failed with a bare "TVMError:"
@@ -87,6 +87,8 @@ def rank_error(text: str) -> str | None:
                     break
     if error is None:  # a crash (faulthandler's line), else MPI's abort line
         error = next((ln.strip() for ln in lines if ln.startswith("Fatal Python error:")), None)
+    if error is None:  # why the runtime aborted, else MPI's abort line
+        error = next((ln[len(ABORT_PREFIX):].strip() for ln in lines if ln.startswith(ABORT_PREFIX)), None)
     if error is None:
         error = next((ln.strip() for ln in lines if ln.startswith("Abort(")), None)
     return error

@@ -20,6 +20,8 @@ MARKER_DIR = "TVM_COMBINERS_LAUNCH_DIR"  # launch's folder, set by launch for th
 #: How a rank says an error that TVM 0.16's compiled code may lose (``launch`` reports this line where
 #: TVM then failed with an empty ``TVMError:``).
 LOST_ERROR_PREFIX = "tvm_combiners: a runtime function raised "
+#: How the runtime says why it aborts the job (MPI's own abort line says only that it was called).
+ABORT_PREFIX = "tvm_combiners: aborting the job: "
 _RANK_PID = os.getpid()  # the rank itself, not a child forked from it
 
 
