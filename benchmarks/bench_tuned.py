@@ -75,6 +75,7 @@ def main() -> None:
     head = ["model", "combined as", "trials/task", "tasks base/comb (new)", "job s", "baseline ms", "combined ms",
             "onnxruntime ms", "combined/baseline", "baseline/ORT", "combined/ORT"]
     rows = []
+    most = args.trials  # the largest budget a reused record was tuned with
     forms = ["stack", "concat"] if args.combine_as == "both" else [args.combine_as]
     with tempfile.TemporaryDirectory() as tmp:
         for key, batch, form in ((k, b, f) for k in keys for b in batches for f in forms):
@@ -83,6 +84,7 @@ def main() -> None:
             report = run_job(_model_path(key, Path(tmp)), args.target, "relax", batch, seq, True, args.repeat,
                              tune=args.trials or None, tune_dir=args.tune_dir, stack=form == "stack")
             base, comb = report.variants
+            most = max([most] + [v.tuning["most_trials"] for v in (base, comb) if v.tuning])
             ort = report.ort_latency_s
             tasks = "/".join(f"{v.tuning['tasks']} ({v.tuning['tuned']})" for v in (base, comb)) if args.trials else "-"
             rows.append([f"{name} b{batch} s{seq}", form, str(args.trials or "untuned"), tasks,
@@ -90,7 +92,9 @@ def main() -> None:
                          f"{base.latency_s * 1e3:.2f}", f"{comb.latency_s * 1e3:.2f}", f"{ort * 1e3:.2f}",
                          _ratio(report.speedup(), report.round_speedups), f"{base.latency_s / ort:.2f}x",
                          f"{comb.latency_s / ort:.2f}x"])
-    how = (f"tuned with MetaSchedule ({args.trials} trials per task, same budget for both modules)" if args.trials
+    budget = ("same budget for both modules" if most == args.trials else
+              f"but some tasks reuse records of up to {most} trials from --tune-dir: budgets differ")
+    how = (f"tuned with MetaSchedule ({args.trials} trials per task, {budget})" if args.trials
            else "default pipeline, untuned" + (" (dlight)" if args.target == "cuda" else ""))
     print(f"{args.target}, {how}; onnxruntime on the CPU with TVM's thread count; "
           f"combined/baseline > 1 means combined is faster; stack: one batched matmul over stacked weights, "

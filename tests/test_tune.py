@@ -43,16 +43,71 @@ def test_tune_tunes_both_modules_then_reuses_every_record(capsys, tmp_path):
     assert "tuning task 1/" not in err and "2 MetaSchedule tasks, 0 to tune" in err
     assert all(v["max_abs_diff"] <= 1e-5 for v in again["variants"])
 
+    # the ledger's task keys are the keys of the workloads the records hold
+    database = tuning._open_database(folder)
+    ledger = json.loads((folder / tuning.LEDGER).read_text())
+    assert set(ledger) == tuning._recorded(database) and set(ledger.values()) == {2}
+
     # a bigger budget than the records had: the baseline's tasks are tuned again, with 3 trials each
     more, err = _run_json(capsys, *args[:-3], "3", "--tune-dir", str(records))
     assert more["variants"][0]["tuning"]["tuned"] == 2 and more["variants"][0]["tuning"]["trials_per_task"] == 3
     assert "/3 trials" in err
 
+    # back to 2 trials: the baseline's records of 3 trials are reused, and the report says so (a review:
+    # "up to 2 trials per task" hid budgets of 4 for one module's tasks, 2 for the other's)
+    assert main(["run", *args]) == 0
+    out = capsys.readouterr().out
+    assert "tuned with MetaSchedule, up to 2 trials per task: baseline 2 tasks (0 tuned now, " in out
+    assert "s, some reuse records of up to 3 trials), combined" in out
 
-def test_tune_needs_a_positive_budget(capsys, tmp_path):
+
+def test_a_tuned_module_computing_something_else_fails_the_job(capsys, tmp_path, monkeypatch):
+    """Review: a tuned kernel that computes a wrong result passed (both modules wrong alike), or,
+    wrong in the baseline only, failed the combined module's check, blaming the combiner. Here the
+    "tuned" modules are the default build (no search), and the first one doubles its output 0."""
+    from tvm_combiners.relax.job import RelaxBackend
+
     model = parallel_matmuls(tmp_path / "p.onnx")
-    assert main(["run", str(model), "--tune", "0"]) == 2
-    assert capsys.readouterr().err.splitlines() == [f"{ERROR}--tune must be a positive integer, got 0"]
+    tuned: list[int] = []
+    run = RelaxBackend.run
+
+    def fake_tune(self, mod, target, trials, root, say):
+        return None, tuning.TuneSummary(2, 2, trials, 0.0, str(root), trials)
+
+    def fake_compile_tuned(self, mod, target, db):
+        built = self.compile(mod, target)
+        tuned.append(id(built))
+        return built
+
+    def wrong_run(self, built, inputs, target):
+        outputs = run(self, built, inputs, target)
+        return [o * 2 if i == 0 and tuned[:1] == [id(built)] else o for i, o in enumerate(outputs)]
+
+    monkeypatch.setattr(RelaxBackend, "tune", fake_tune)
+    monkeypatch.setattr(RelaxBackend, "compile_tuned", fake_compile_tuned)
+    monkeypatch.setattr(RelaxBackend, "run", wrong_run)
+    assert main(["run", str(model), "--batch", "3", "--repeat", "1", "--tune", "1", "--tune-dir", str(tmp_path)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()[-1:]
+    assert line.startswith(f"{ERROR}{model}: check: the tuned baseline module's outputs differ from the untuned "
+                           "baseline's by "), line
+    assert line.endswith("(output 0, allowed 6.9e-04): a tuned schedule computes something else (delete the "
+                         "--tune-dir records to tune afresh)"), line
+    tuned.clear()  # right, both: the job passes
+    monkeypatch.setattr(RelaxBackend, "run", run)
+    assert main(["run", str(model), "--batch", "3", "--repeat", "1", "--tune", "1", "--tune-dir", str(tmp_path)]) == 0
+
+
+@pytest.mark.parametrize("options, error", [
+    (["--tune", "0"], "--tune must be a positive integer, got 0"),
+    # MetaSchedule counts all trials in 32 bits: 2147483647 on 2 tasks ran none, reported as tuned (review)
+    (["--tune", "2147483647"], "--tune must be at most 100000, got 2147483647"),
+    (["--tune-dir", "x"], "--tune-dir needs --tune"),  # was ignored
+    (["--tune", "1", "--tune-dir", ""], "--tune-dir must name a folder"),  # was the default folder
+])
+def test_tune_options_are_checked(capsys, tmp_path, options, error):
+    model = parallel_matmuls(tmp_path / "p.onnx")
+    assert main(["run", str(model), *options]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"{ERROR}{error}"]
 
 
 def test_tune_dirs_are_per_target(tmp_path, monkeypatch):
@@ -62,8 +117,9 @@ def test_tune_dirs_are_per_target(tmp_path, monkeypatch):
     monkeypatch.setenv("TVM_COMBINERS_MCPU", "generic")  # records for another CPU never mix with these
     assert tuning.tune_dir(tmp_path, tuning.tuning_target(make_target("llvm"))).name == a.name.replace(
         f"mcpu={tvm.target.codegen.llvm_get_system_cpu()}", "mcpu=generic")
-    with pytest.raises(ValueError, match=r"^tune: trials must be a positive int, got 0$"):
-        tuning.tune(None, make_target("llvm"), 0, tmp_path)
+    for bad in (0, 100_001):
+        with pytest.raises(ValueError, match=rf"^tune: trials must be an int from 1 to 100000, got {bad}$"):
+            tuning.tune(None, make_target("llvm"), bad, tmp_path)
 
 
 def test_tune_dir_defaults_to_the_environment(monkeypatch, tmp_path):
@@ -72,24 +128,45 @@ def test_tune_dir_defaults_to_the_environment(monkeypatch, tmp_path):
 
 
 def test_a_task_is_tuned_again_only_when_new_or_given_more_trials():
-    class Database:  # what _needs_tuning asks of MetaSchedule's database
-        def __init__(self, known: bool) -> None:
-            self.known = known
-
-        def has_workload(self, mod: object) -> bool:
-            return self.known
-
-    class Task:
-        dispatched = [object()]
-
-    assert tuning._needs_tuning(Database(False), Task(), 0, 8)  # never seen
-    assert tuning._needs_tuning(Database(True), Task(), 4, 8)  # seen with fewer trials
+    assert tuning._needs_tuning(set(), "k", 0, 8)  # never seen
+    assert tuning._needs_tuning({"k"}, "k", 4, 8)  # seen with fewer trials
     # tuned with this budget before, even if no candidate could be measured (a gather over random
-    # indices crashes every one): tuning it again would fail again
-    assert not tuning._needs_tuning(Database(True), Task(), 8, 8)
-    assert not tuning._needs_tuning(Database(True), Task(), 16, 8)
+    # indices crashes every one, and failures are records): tuning it again would fail again
+    assert not tuning._needs_tuning({"k"}, "k", 8, 8)
+    assert not tuning._needs_tuning({"k"}, "k", 16, 8)
     # records without a ledger entry (a database from before the ledger, or another tool's)
-    assert tuning._needs_tuning(Database(True), Task(), 0, 8)
+    assert tuning._needs_tuning({"k"}, "k", 0, 8)
+    # the ledger says tuned, but its records are gone (review: an emptied records file left every
+    # task reported tuned, compiled untuned, for good)
+    assert tuning._needs_tuning(set(), "k", 8, 8)
+
+
+def test_an_unreadable_ledger_counts_every_task_untuned(tmp_path):
+    for text in ('{"1": null}', '{"1": [2]}', "[1, 2]", "{", ""):  # null: a TypeError ended the job, "a bug"
+        (tmp_path / tuning.LEDGER).write_text(text)
+        assert tuning._read_ledger(tmp_path) == {}, text
+    (tmp_path / tuning.LEDGER).write_text('{"1": 2}')
+    assert tuning._read_ledger(tmp_path) == {"1": 2}
+
+
+def test_an_interrupt_inside_metaschedule_stays_an_interrupt():
+    """TVM's FFI turned Ctrl-C during tuning into a RuntimeError: 'a bug in tvm-combiners', exit 1."""
+    import os
+    import signal
+
+    def ffi_call() -> None:  # how the KeyboardInterrupt came back out of TVM's C++
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+        except KeyboardInterrupt as err:
+            raise RuntimeError("KeyboardInterrupt") from err
+
+    with pytest.raises(KeyboardInterrupt):
+        with tuning._interrupt_kept():
+            ffi_call()
+    with pytest.raises(RuntimeError, match="^other$"):  # any other error as it was
+        with tuning._interrupt_kept():
+            raise RuntimeError("other")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_search_population_follows_the_budget():
@@ -118,6 +195,16 @@ def test_unreadable_records_are_the_users_to_delete(capsys, tmp_path):
     (line,) = capsys.readouterr().err.splitlines()[-1:]
     assert line.startswith(f"{ERROR}{model}: tune: the tuning records in {folder} cannot be read (")
     assert line.endswith("): delete that folder, or give another --tune-dir, to tune afresh")
+
+
+@pytest.mark.parametrize("name", ["database_tuning_record.json", "database_workload.json"])
+def test_a_blank_line_in_the_records_is_refused_not_a_segfault(tmp_path, name):
+    """Review: one blank line (an editor's trailing newline) segfaulted MetaSchedule's reader."""
+    (tmp_path / name).write_text('["1"]\n\n')
+    with pytest.raises(tuning.UserError) as info:
+        tuning._open_database(tmp_path)
+    assert str(info.value) == (f"the tuning records in {tmp_path} cannot be read (line 2 of {name} is blank): "
+                               "delete that folder, or give another --tune-dir, to tune afresh")
 
 
 def test_one_tuning_run_per_database_at_a_time(tmp_path):

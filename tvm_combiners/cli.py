@@ -120,14 +120,19 @@ MAX_SIZE = 2**31 - 1
 
 
 def _run(args: argparse.Namespace) -> int:
+    from .main_job import MAX_TRIALS, JobError, run_job
+
     for name in ("batch", "seq", "repeat", "tune"):
         value = getattr(args, name)
         if value is not None and value < 1:
             return _setup_error(args, f"--{name} must be a positive integer, got {value}")
-        if value is not None and value > MAX_SIZE:  # ONNX and TVM take 32-bit extents (a 20-digit --seq: ValueError)
-            return _setup_error(args, f"--{name} must be at most {MAX_SIZE}, got {value}")
-    from .main_job import JobError, run_job
-
+        # ONNX and TVM take 32-bit extents (a 20-digit --seq: ValueError); MetaSchedule counts all
+        # trials in 32 bits (--tune 2147483647 on 2 tasks wrapped to 0 trials, reported as tuned)
+        most = MAX_TRIALS if name == "tune" else MAX_SIZE
+        if value is not None and value > most:
+            return _setup_error(args, f"--{name} must be at most {most}, got {value}")
+    if args.tune_dir is not None and (args.tune is None or not args.tune_dir):
+        return _setup_error(args, "--tune-dir needs --tune" if args.tune is None else "--tune-dir must name a folder")
     try:
         report = run_job(args.model, args.target, args.ir, args.batch, args.seq, not args.no_combine, args.repeat,
                          tune=args.tune, tune_dir=args.tune_dir, stack=args.combine_as == "stack")

@@ -7,7 +7,7 @@ import importlib.util
 import math
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, TextIO
@@ -60,7 +60,11 @@ class Variant:
     compile_s: float
     latency_s: float | None = None
     max_abs_diff: float | None = None
-    tuning: dict[str, Any] | None = None  # tasks, tuned (in this run), trials_per_task, seconds, database
+    tuning: dict[str, Any] | None = None  # tasks, tuned (in this run), trials_per_task, seconds, database, most_trials
+
+
+#: The most trials per task ``--tune`` takes: MetaSchedule counts the trials of all tasks in 32 bits.
+MAX_TRIALS = 100_000
 
 
 def input_shapes(inputs: Mapping[str, Sequence[int]]) -> str:
@@ -123,9 +127,15 @@ class JobReport:
         tuned = [v for v in self.variants if v.tuning]
         if tuned:
             # a budget: a task with fewer distinct schedules than that is measured fewer times
-            lines.append(f"tuned with MetaSchedule, up to {tuned[0].tuning['trials_per_task']} trials per task: " + ", ".join(
-                f"{v.label} {v.tuning['tasks']} tasks ({v.tuning['tuned']} tuned now, {v.tuning['seconds']:.0f} s)"
-                for v in tuned) + f"; records in {tuned[0].tuning['database']}")
+            trials = tuned[0].tuning["trials_per_task"]
+
+            def reused(t: dict[str, Any]) -> str:  # records of a bigger budget, from an earlier run: say so
+                most = t.get("most_trials", trials)
+                return f", some reuse records of up to {most} trials" if most > trials else ""
+
+            lines.append(f"tuned with MetaSchedule, up to {trials} trials per task: " + ", ".join(
+                f"{v.label} {v.tuning['tasks']} tasks ({v.tuning['tuned']} tuned now, {v.tuning['seconds']:.0f} s"
+                f"{reused(v.tuning)})" for v in tuned) + f"; records in {tuned[0].tuning['database']}")
         timed = [v for v in self.variants if v.latency_s]
         if self.ort_latency_s and timed:
             lines.append("latency over onnxruntime's: " + ", ".join(f"{v.label} {v.latency_s / self.ort_latency_s:.2f}x"
@@ -394,6 +404,8 @@ def run_job(model_path: str | None = None, target: str = "llvm", ir: str | None 
         report.variants.append(variant)
     if "baseline" in outputs:
         report.note = "\n".join(filter(None, [report.note, reference_disagreement(diffs["baseline"], reference)]))
+    if tune is not None and outputs:
+        _check_tuned(path, backend, baseline, inputs, reference, outputs, target, progress)
     if "combined" in outputs:
         _check_combined(path, outputs["combined"], outputs["baseline"], diffs["baseline"])
     if runnable:
@@ -469,8 +481,17 @@ def _check_combined(path: str, combined: list[np.ndarray], baseline: list[np.nda
     (``noise``, per output): an output computed by cancellation (a small difference of large sums)
     carries float32 noise far above its own scale, which two correct evaluations in other orders show.
     """
-    noise = [0.0] * len(baseline) if noise is None else noise
-    for i, (c, b, off) in enumerate(zip(combined, baseline, noise, strict=True)):
+    problem = _difference(combined, baseline, noise, rtol, "the combined module", "the baseline's")
+    if problem is not None:
+        raise JobError(path, "check", problem, bad_input=False)
+
+
+def _difference(got: list[np.ndarray], want: list[np.ndarray], noise: list[float] | None, rtol: float,
+                name: str, ref: str) -> str | None:
+    """How ``got`` (``name``'s outputs) differs from ``want`` (``ref``) beyond :func:`_check_combined`'s
+    tolerance, or None."""
+    noise = [0.0] * len(want) if noise is None else noise
+    for i, (c, b, off) in enumerate(zip(got, want, noise, strict=True)):
         c, b = np.asarray(c), np.asarray(b)
         diff = output_diff(c, b)
         scale = _scale(b)
@@ -480,9 +501,27 @@ def _check_combined(path: str, combined: list[np.ndarray], baseline: list[np.nda
         if diff <= tol:
             continue
         if c.shape != b.shape:
-            problem = f"output {i} of the combined module has shape {c.shape}, the baseline's {b.shape}"
-        elif math.isnan(diff):
-            problem = f"output {i} of the combined module has NaN or infinity where the baseline's has another value"
-        else:
-            problem = f"the combined module's outputs differ from the baseline's by {diff:.3e} (output {i}, allowed {tol:.1e})"
-        raise JobError(path, "check", problem, bad_input=False)
+            return f"output {i} of {name} has shape {c.shape}, {ref} {b.shape}"
+        if math.isnan(diff):
+            return f"output {i} of {name} has NaN or infinity where {ref} has another value"
+        return f"{name}'s outputs differ from {ref} by {diff:.3e} (output {i}, allowed {tol:.1e})"
+    return None
+
+
+def _check_tuned(path: str, backend: Backend, baseline: Any, inputs: dict[str, np.ndarray],
+                 reference: list[np.ndarray], outputs: dict[str, list[np.ndarray]], target: str,
+                 progress: Callable[[str], None]) -> None:
+    """Tuned modules must compute what the untuned baseline does.
+
+    A wrong schedule (a MetaSchedule bug, a record applied to the wrong workload) would otherwise pass
+    unseen, or a wrong tuned baseline would fail the combined module's check and blame the combiner.
+    """
+    with _stage(path, "check", "the untuned baseline (the tuned modules' reference) failed", bad_input=False):
+        progress("compiling and running the untuned baseline, to check the tuned modules' outputs")
+        plain = backend.run(backend.compile(baseline, target), inputs, target)
+    for label, got in outputs.items():
+        problem = _difference(got, plain, output_diffs(plain, reference), 1e-4, f"the tuned {label} module",
+                              "the untuned baseline's")
+        if problem is not None:
+            raise JobError(path, "check", f"{problem}: a tuned schedule computes something else (delete the "
+                                          "--tune-dir records to tune afresh)", bad_input=True)

@@ -17,6 +17,7 @@ import linecache
 import logging
 import os
 import re
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -26,7 +27,7 @@ from typing import Any
 
 import tvm
 
-from ..main_job import UserError
+from ..main_job import MAX_TRIALS, UserError
 from ..models.loader import first_line
 
 #: Where tuning records live unless ``--tune-dir`` (or ``TVM_COMBINERS_TUNE_DIR``) says otherwise.
@@ -42,6 +43,7 @@ class TuneSummary:
     trials_per_task: int
     seconds: float
     database: str
+    most_trials: int  # the largest budget its tasks' records were tuned with (reused, from earlier runs)
 
 
 def tuning_target(target: tvm.target.Target) -> tvm.target.Target:
@@ -97,11 +99,24 @@ def _exclusive(folder: Path, say: Callable[[str], None]) -> Iterator[None]:
 
 
 def _open_database(folder: Path) -> Any:
+    def unreadable(why: str) -> UserError:
+        return UserError(f"the tuning records in {folder} cannot be read ({why}): delete that folder, "
+                         "or give another --tune-dir, to tune afresh")
+
+    for name in ("database_workload.json", "database_tuning_record.json"):
+        try:
+            with open(folder / name, "rb") as f:
+                blank = next((n for n, line in enumerate(f, 1) if not line.strip()), None)
+        except FileNotFoundError:
+            continue
+        except OSError as err:
+            raise unreadable(f"{type(err).__name__}: {err.strerror or err}") from err
+        if blank is not None:  # MetaSchedule's reader segfaults on one (an editor's trailing newline)
+            raise unreadable(f"line {blank} of {name} is blank")
     try:
         return _ms().database.JSONDatabase(work_dir=str(folder))
     except Exception as err:  # MetaSchedule reports a truncated file as a RuntimeError of its JSON parser
-        raise UserError(f"the tuning records in {folder} cannot be read ({first_line(err)}): delete that folder, "
-                        "or give another --tune-dir, to tune afresh") from err
+        raise unreadable(first_line(err)) from err
 
 
 def _ms() -> Any:
@@ -191,18 +206,30 @@ def _task_key(task: Any) -> str:
 def _read_ledger(folder: Path) -> dict[str, int]:
     try:
         return {str(k): int(v) for k, v in json.loads((folder / LEDGER).read_text()).items()}
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, TypeError):
         return {}  # none yet, or unreadable: every task counts as untuned
 
 
-def _needs_tuning(db: Any, task: Any, budget: int, trials: int) -> bool:
-    """A task is tuned when the database has never seen it, or it was tuned with a smaller budget.
+def _recorded(db: Any) -> set[str]:
+    """The task keys of the workloads the database holds a record for (a failed measurement too)."""
+    import tvm_ffi
 
-    A task tuned with this budget whose every candidate failed stays as it is: MetaSchedule
-    measures with random inputs, and an embedding ``take`` given random indices crashes every
-    time (here each attempt cost a 40 s runner timeout, on every run).
+    workloads = {}
+    for record in db.get_all_tuning_records():
+        workloads.setdefault(hash(record.workload), record.workload)  # the records of a task share one object
+    return {str(tvm_ffi.structural_hash(w.mod)) for w in workloads.values()}
+
+
+def _needs_tuning(recorded: set[str], key: str, budget: int, trials: int) -> bool:
+    """A task is tuned when the database holds no record of it, or it was tuned with a smaller budget.
+
+    Records, not workloads: emptied records under the ledger's budgets were reported tuned, and
+    compiled untuned, for good. A task tuned with this budget whose every candidate failed stays as
+    it is (its failures are records): MetaSchedule measures with random inputs, and an embedding
+    ``take`` given random indices crashes every time (here each attempt cost a 40 s runner timeout,
+    on every run).
     """
-    return budget < trials or not db.has_workload(task.dispatched[0])
+    return budget < trials or key not in recorded
 
 
 def _progress_callback(names: list[str], trials: int, say: Callable[[str], None]) -> Any:
@@ -216,6 +243,8 @@ def _progress_callback(names: list[str], trials: int, say: Callable[[str], None]
     class Progress(ms.measure_callback.PyMeasureCallback):
         def apply(self, task_scheduler: Any, task_id: int, measure_candidates: Any, builder_results: Any,
                   runner_results: Any) -> None:
+            if not len(measure_candidates):  # a task out of candidates: nothing measured, nothing to say
+                return
             done[task_id] += len(measure_candidates)
             finished = sum(d >= trials for d in done)
             say(f"tuning task {task_id + 1}/{len(names)} {names[task_id]}: {min(done[task_id], trials)}/{trials} "
@@ -243,8 +272,8 @@ def tune(mod: tvm.IRModule, target: tvm.target.Target, trials: int, root: str | 
 
     Returns (database, summary).
     """
-    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
-        raise ValueError(f"tune: trials must be a positive int, got {trials!r}")
+    if isinstance(trials, bool) or not isinstance(trials, int) or not 1 <= trials <= MAX_TRIALS:
+        raise ValueError(f"tune: trials must be an int from 1 to {MAX_TRIALS}, got {trials!r}")
     start = time.perf_counter()
     # MetaSchedule's console log goes to stdout (it would break --json): keep it in the log files only
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
@@ -262,7 +291,8 @@ def _tune_tasks(db: Any, mod: tvm.IRModule, target: tvm.target.Target, trials: i
     tasks = ms.relax_integration.extract_tasks(_fused(mod, target), target)
     ledger = _read_ledger(folder)
     keys = [_task_key(t) for t in tasks]
-    new = [(t, k) for t, k in zip(tasks, keys) if _needs_tuning(db, t, ledger.get(k, 0), trials)]
+    recorded = _recorded(db)
+    new = [(t, k) for t, k in zip(tasks, keys) if _needs_tuning(recorded, k, ledger.get(k, 0), trials)]
     say(f"{len(tasks)} MetaSchedule tasks, {len(new)} to tune (new, or tuned with fewer than {trials} trials) in {folder}")
     if new:
         _import_tensor_intrinsics()
@@ -271,13 +301,41 @@ def _tune_tasks(db: Any, mod: tvm.IRModule, target: tvm.target.Target, trials: i
             todo, str(folder / "logs"), strategy=_search_strategy(trials))
         callbacks = [*ms.MeasureCallback.create("default"),
                      _progress_callback([t.task_name for t in todo], trials, say)]
-        ms.tune_tasks(tasks=contexts, task_weights=weights, work_dir=str(folder / "logs"),
-                      max_trials_global=trials * len(new), max_trials_per_task=trials,
-                      num_trials_per_iter=min(64, trials), database=db, measure_callbacks=callbacks,
-                      builder=_builder(target.kind.name), runner=_runner())
+        with _interrupt_kept():
+            ms.tune_tasks(tasks=contexts, task_weights=weights, work_dir=str(folder / "logs"),
+                          max_trials_global=min(trials * len(new), 2**31 - 1), max_trials_per_task=trials,
+                          num_trials_per_iter=min(64, trials), database=db, measure_callbacks=callbacks,
+                          builder=_builder(target.kind.name), runner=_runner())
         ledger.update({k: max(trials, ledger.get(k, 0)) for _, k in new})
         (folder / LEDGER).write_text(json.dumps(ledger, indent=1, sort_keys=True))
-    return TuneSummary(len(tasks), len(new), trials, time.perf_counter() - start, str(folder))
+        say(f"tuned {len(new)} tasks in {time.perf_counter() - start:.0f} s")
+    most = max((ledger.get(k, trials) for k in keys), default=trials)
+    return TuneSummary(len(tasks), len(new), trials, time.perf_counter() - start, str(folder), most)
+
+
+@contextlib.contextmanager
+def _interrupt_kept() -> Iterator[None]:
+    """Ctrl-C stays an interrupt: TVM's FFI turns the KeyboardInterrupt raised inside MetaSchedule
+    into a RuntimeError, which the job reported as a bug of ours."""
+    hit: list[int] = []
+
+    def handler(signum: int, _frame: Any) -> None:
+        hit.append(signum)
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread: signals are not ours to catch
+        yield
+        return
+    try:
+        yield
+    except Exception as err:
+        if hit:
+            raise KeyboardInterrupt from err
+        raise
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def compile_tuned(mod: tvm.IRModule, target: tvm.target.Target, db: Any) -> Any:
