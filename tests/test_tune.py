@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -61,40 +62,43 @@ def test_tune_tunes_both_modules_then_reuses_every_record(capsys, tmp_path):
     assert "s, some reuse records of up to 3 trials), combined" in out
 
 
-def test_a_tuned_module_computing_something_else_fails_the_job(capsys, tmp_path, monkeypatch):
+@pytest.mark.parametrize("wrong, code, message", [
+    ({"tuned baseline"}, 2, "the tuned baseline module's outputs differ from the untuned baseline's by "),
+    ({"tuned combined"}, 2, "the tuned combined module's outputs differ from the untuned baseline's by "),
+    # the combiner's fault (its module is wrong untuned too): the combined module's check names it
+    ({"tuned combined", "untuned combined"}, 1, "the combined module's outputs differ from the baseline's by "),
+    (set(), 0, None),
+])
+def test_a_tuned_module_computing_something_else_fails_the_job(capsys, tmp_path, monkeypatch, wrong, code, message):
     """Review: a tuned kernel that computes a wrong result passed (both modules wrong alike), or,
     wrong in the baseline only, failed the combined module's check, blaming the combiner. Here the
-    "tuned" modules are the default build (no search), and the first one doubles its output 0."""
+    "tuned" modules are the default build (no search), and the builds named in ``wrong`` double
+    their output 0."""
     from tvm_combiners.relax.job import RelaxBackend
 
     model = parallel_matmuls(tmp_path / "p.onnx")
-    tuned: list[int] = []
-    run = RelaxBackend.run
+    names: dict[int, str] = {}  # build -> "tuned baseline", "untuned combined", ...
+    compile_module, run = RelaxBackend.compile, RelaxBackend.run
 
-    def fake_tune(self, mod, target, trials, root, say):
-        return None, tuning.TuneSummary(2, 2, trials, 0.0, str(root), trials)
-
-    def fake_compile_tuned(self, mod, target, db):
-        built = self.compile(mod, target)
-        tuned.append(id(built))
+    def named(built, mod, tuned):
+        module = "baseline" if RelaxBackend().count_ops(mod).get("matmul") == 2 else "combined"
+        names[id(built)] = f"{'tuned' if tuned else 'untuned'} {module}"
         return built
 
-    def wrong_run(self, built, inputs, target):
-        outputs = run(self, built, inputs, target)
-        return [o * 2 if i == 0 and tuned[:1] == [id(built)] else o for i, o in enumerate(outputs)]
-
-    monkeypatch.setattr(RelaxBackend, "tune", fake_tune)
-    monkeypatch.setattr(RelaxBackend, "compile_tuned", fake_compile_tuned)
-    monkeypatch.setattr(RelaxBackend, "run", wrong_run)
-    assert main(["run", str(model), "--batch", "3", "--repeat", "1", "--tune", "1", "--tune-dir", str(tmp_path)]) == 2
-    (line,) = capsys.readouterr().err.splitlines()[-1:]
-    assert line.startswith(f"{ERROR}{model}: check: the tuned baseline module's outputs differ from the untuned "
-                           "baseline's by "), line
-    assert line.endswith("(output 0, allowed 6.9e-04): a tuned schedule computes something else (delete the "
-                         "--tune-dir records to tune afresh)"), line
-    tuned.clear()  # right, both: the job passes
-    monkeypatch.setattr(RelaxBackend, "run", run)
-    assert main(["run", str(model), "--batch", "3", "--repeat", "1", "--tune", "1", "--tune-dir", str(tmp_path)]) == 0
+    monkeypatch.setattr(RelaxBackend, "tune", lambda self, mod, target, trials, root, say: (
+        None, tuning.TuneSummary(2, 2, trials, 0.0, str(root), trials)))
+    monkeypatch.setattr(RelaxBackend, "compile_tuned", lambda self, mod, target, db: named(
+        compile_module(self, mod, target), mod, True))
+    monkeypatch.setattr(RelaxBackend, "compile", lambda self, mod, target: named(
+        compile_module(self, mod, target), mod, False))
+    monkeypatch.setattr(RelaxBackend, "run", lambda self, built, inputs, target: [
+        o * 2 if i == 0 and names[id(built)] in wrong else o for i, o in enumerate(run(self, built, inputs, target))])
+    assert main(["run", str(model), "--batch", "3", "--repeat", "1", "--tune", "1", "--tune-dir", str(tmp_path)]) == code
+    if message is not None:
+        (line,) = capsys.readouterr().err.splitlines()[-1:]
+        assert line.startswith(f"{ERROR}{model}: check: {message}"), line
+        assert line.endswith(": a tuned schedule computes something else (delete the --tune-dir records to tune "
+                             "afresh)" if code == 2 else "(a bug in tvm-combiners: rerun with --debug for the traceback)")
 
 
 @pytest.mark.parametrize("options, error", [
@@ -141,6 +145,28 @@ def test_a_task_is_tuned_again_only_when_new_or_given_more_trials():
     assert tuning._needs_tuning(set(), "k", 8, 8)
 
 
+def test_a_task_tuned_again_keeps_the_budget_it_got(tmp_path, monkeypatch):
+    """Review: records of a 1000-trial ledger entry lost, re-tuned with 2 trials, stayed 1000 in the
+    ledger: a later --tune 500 reused the 2-trial records as tuned."""
+    class Task:
+        task_name = "t"
+        dispatched = [object()]
+
+    ms = tuning._ms()
+    monkeypatch.setattr(tuning, "_fused", lambda mod, target: mod)
+    monkeypatch.setattr(ms.relax_integration, "extract_tasks", lambda mod, target: [Task()])
+    monkeypatch.setattr(ms.relax_integration, "extracted_tasks_to_tune_contexts", lambda *a, **k: ([], []))
+    monkeypatch.setattr(ms, "tune_tasks", lambda **kw: None)
+    monkeypatch.setattr(tuning, "_task_key", lambda task: "k")
+    monkeypatch.setattr(tuning, "_recorded", lambda db: set())  # the records are gone
+    monkeypatch.setattr(tuning, "_builder", lambda kind: None)
+    monkeypatch.setattr(tuning, "_runner", lambda: None)
+    (tmp_path / tuning.LEDGER).write_text('{"k": 1000}')
+    summary = tuning._tune_tasks(None, None, make_target("llvm"), 2, tmp_path, lambda msg: None, 0.0)
+    assert json.loads((tmp_path / tuning.LEDGER).read_text()) == {"k": 2}
+    assert (summary.tuned, summary.most_trials) == (1, 2)
+
+
 def test_an_unreadable_ledger_counts_every_task_untuned(tmp_path):
     for text in ('{"1": null}', '{"1": [2]}', "[1, 2]", "{", ""):  # null: a TypeError ended the job, "a bug"
         (tmp_path / tuning.LEDGER).write_text(text)
@@ -151,7 +177,6 @@ def test_an_unreadable_ledger_counts_every_task_untuned(tmp_path):
 
 def test_an_interrupt_inside_metaschedule_stays_an_interrupt():
     """TVM's FFI turned Ctrl-C during tuning into a RuntimeError: 'a bug in tvm-combiners', exit 1."""
-    import os
     import signal
 
     def ffi_call() -> None:  # how the KeyboardInterrupt came back out of TVM's C++
@@ -167,6 +192,13 @@ def test_an_interrupt_inside_metaschedule_stays_an_interrupt():
         with tuning._interrupt_kept():
             raise RuntimeError("other")
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # review: nohup's ignored SIGINT was caught again
+    try:
+        with tuning._interrupt_kept():
+            os.kill(os.getpid(), signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def test_search_population_follows_the_budget():

@@ -404,10 +404,17 @@ def run_job(model_path: str | None = None, target: str = "llvm", ir: str | None 
         report.variants.append(variant)
     if "baseline" in outputs:
         report.note = "\n".join(filter(None, [report.note, reference_disagreement(diffs["baseline"], reference)]))
+    untuned = None
     if tune is not None and outputs:
-        _check_tuned(path, backend, baseline, inputs, reference, outputs, target, progress)
+        untuned = _TunedCheck(path, backend, baseline, inputs, reference, target, progress)
+        untuned.check("baseline", baseline, outputs["baseline"])
     if "combined" in outputs:
-        _check_combined(path, outputs["combined"], outputs["baseline"], diffs["baseline"])
+        try:
+            _check_combined(path, outputs["combined"], outputs["baseline"], diffs["baseline"])
+        except JobError:
+            if untuned is not None:  # the combiner's fault, or the combined module's tuned schedules'?
+                untuned.check("combined", dict(modules)["combined"], outputs["combined"], blame_tuning_only=True)
+            raise
     if runnable:
         with _stage(path, "run", "timing the modules failed", bad_input=False):
             _time_alternating(backend, runnable, inputs, target, repeat, report, progress)
@@ -508,20 +515,33 @@ def _difference(got: list[np.ndarray], want: list[np.ndarray], noise: list[float
     return None
 
 
-def _check_tuned(path: str, backend: Backend, baseline: Any, inputs: dict[str, np.ndarray],
-                 reference: list[np.ndarray], outputs: dict[str, list[np.ndarray]], target: str,
-                 progress: Callable[[str], None]) -> None:
+class _TunedCheck:
     """Tuned modules must compute what the untuned baseline does.
 
     A wrong schedule (a MetaSchedule bug, a record applied to the wrong workload) would otherwise pass
     unseen, or a wrong tuned baseline would fail the combined module's check and blame the combiner.
+    Where the combined module fails its check, its untuned build tells whose fault it is.
     """
-    with _stage(path, "check", "the untuned baseline (the tuned modules' reference) failed", bad_input=False):
-        progress("compiling and running the untuned baseline, to check the tuned modules' outputs")
-        plain = backend.run(backend.compile(baseline, target), inputs, target)
-    for label, got in outputs.items():
-        problem = _difference(got, plain, output_diffs(plain, reference), 1e-4, f"the tuned {label} module",
+
+    def __init__(self, path: str, backend: Backend, baseline: Any, inputs: dict[str, np.ndarray],
+                 reference: list[np.ndarray], target: str, progress: Callable[[str], None]) -> None:
+        self.path, self.backend, self.inputs, self.target, self.progress = path, backend, inputs, target, progress
+        self.plain = self._untuned("baseline", baseline)
+        self.noise = output_diffs(self.plain, reference)  # the untuned baseline's distance from onnxruntime
+
+    def _untuned(self, label: str, mod: Any) -> list[np.ndarray]:
+        with _stage(self.path, "check", f"TVM cannot compile or run the untuned {label} module (the tuned "
+                                        "modules' reference)", bad_input=label == "baseline"):
+            self.progress(f"compiling and running the untuned {label}, to check the tuned modules' outputs")
+            return self.backend.run(self.backend.compile(mod, self.target), self.inputs, self.target)
+
+    def check(self, label: str, mod: Any, tuned: list[np.ndarray], blame_tuning_only: bool = False) -> None:
+        """Raise where ``tuned`` differs from the untuned baseline; with ``blame_tuning_only``, only
+        where ``mod`` untuned matches it (else the combiner is at fault: the caller says so)."""
+        if blame_tuning_only and _difference(self._untuned(label, mod), self.plain, self.noise, 1e-4, "", ""):
+            return
+        problem = _difference(tuned, self.plain, self.noise, 1e-4, f"the tuned {label} module",
                               "the untuned baseline's")
         if problem is not None:
-            raise JobError(path, "check", f"{problem}: a tuned schedule computes something else (delete the "
-                                          "--tune-dir records to tune afresh)", bad_input=True)
+            raise JobError(self.path, "check", f"{problem}: a tuned schedule computes something else (delete the "
+                                               "--tune-dir records to tune afresh)", bad_input=True)

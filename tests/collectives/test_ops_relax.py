@@ -461,6 +461,12 @@ def test_collectives_in_a_nested_dataflow_block_are_refused(place):
         C.OrderSendRecv()(mod)
     with pytest.raises(Exception, match=re.escape(msg)):
         tvm.compile(mod, target="llvm")
+    if place == "if":  # the If as the body's result, before normalization (review: OrderSendRecv took it)
+        c = mod["main"].params[1]
+        raw = tvm.IRModule({"main": relax.Function([x, c], relax.SeqExpr([], relax.If(c, inner, relax.SeqExpr([], x))),
+                                                   relax.TensorType((4,), "float32"), is_pure=False)})
+        with raises(msg):
+            C.OrderSendRecv()(raw)
 
 
 def test_channel_reused_in_order_is_accepted():

@@ -373,7 +373,7 @@ def _order_nodes(units: list[tuple[Any, bool]], where: str) -> list[OrderNode] |
             for (kind, node), deps in zip(kinds, dependences(units))]
 
 
-def _refuse_in_dataflow(units: list[tuple[Any, bool]], where: str) -> None:
+def _refuse_in_dataflow(units: list[tuple[Any, bool]], tail: relax.Expr, where: str) -> None:
     """Our collectives are impure: in a dataflow block (ill-formed, yet TVM compiles it) no pass
     orders them, and a recv there ran before its send: every rank waited out the recv timeout.
     Dataflow blocks in if/else branches and local functions are refused too (an allreduce there
@@ -395,13 +395,14 @@ def _refuse_in_dataflow(units: list[tuple[Any, bool]], where: str) -> None:
                 if isinstance(block, relax.DataflowBlock):
                     refuse(block, place)
 
+    values = [binding.value for unit, is_block in units for binding in (unit.bindings if is_block else [unit])]
     for unit, is_block in units:
         if is_block:
             refuse(unit, where)
-        for binding in unit.bindings if is_block else [unit]:
-            if isinstance(binding.value, (relax.If, relax.Function)):
-                kind = "an if/else branch" if isinstance(binding.value, relax.If) else "a local function"
-                relax.analysis.post_order_visit(binding.value, lambda e, p=f"{kind} in {where}": nested(e, p))
+    for value in [*values, tail]:  # the body's result too: an If there before normalization
+        if isinstance(value, (relax.If, relax.Function)):
+            kind = "an if/else branch" if isinstance(value, relax.If) else "a local function"
+            relax.analysis.post_order_visit(value, lambda e, p=f"{kind} in {where}": nested(e, p))
 
 
 def _plan(name: str, func: relax.Function) -> tuple[list[tuple[Any, bool]], OrderPlan] | None:
@@ -409,7 +410,7 @@ def _plan(name: str, func: relax.Function) -> tuple[list[tuple[Any, bool]], Orde
         return None
     units = _units(func.body)
     where = f"function '{name}'"
-    _refuse_in_dataflow(units, where)
+    _refuse_in_dataflow(units, func.body.body, where)
     nodes = _order_nodes(units, where)
     if nodes is None:
         return None

@@ -19,6 +19,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -306,7 +307,7 @@ def _tune_tasks(db: Any, mod: tvm.IRModule, target: tvm.target.Target, trials: i
                           max_trials_global=min(trials * len(new), 2**31 - 1), max_trials_per_task=trials,
                           num_trials_per_iter=min(64, trials), database=db, measure_callbacks=callbacks,
                           builder=_builder(target.kind.name), runner=_runner())
-        ledger.update({k: max(trials, ledger.get(k, 0)) for _, k in new})
+        ledger.update({k: trials for _, k in new})  # a task re-tuned after its records were lost got this budget only
         (folder / LEDGER).write_text(json.dumps(ledger, indent=1, sort_keys=True))
         say(f"tuned {len(new)} tasks in {time.perf_counter() - start:.0f} s")
     most = max((ledger.get(k, trials) for k in keys), default=trials)
@@ -316,18 +317,20 @@ def _tune_tasks(db: Any, mod: tvm.IRModule, target: tvm.target.Target, trials: i
 @contextlib.contextmanager
 def _interrupt_kept() -> Iterator[None]:
     """Ctrl-C stays an interrupt: TVM's FFI turns the KeyboardInterrupt raised inside MetaSchedule
-    into a RuntimeError, which the job reported as a bug of ours."""
+    into a RuntimeError, which the job reported as a bug of ours. Only where Python's own handler
+    is in place (an ignored SIGINT stays ignored) and on the main thread (signals are its alone)."""
     hit: list[int] = []
 
     def handler(signum: int, _frame: Any) -> None:
         hit.append(signum)
         raise KeyboardInterrupt
 
-    try:
-        previous = signal.signal(signal.SIGINT, handler)
-    except ValueError:  # not the main thread: signals are not ours to catch
+    ours = (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+    if not ours:
         yield
         return
+    signal.signal(signal.SIGINT, handler)
     try:
         yield
     except Exception as err:
@@ -335,7 +338,7 @@ def _interrupt_kept() -> Iterator[None]:
             raise KeyboardInterrupt from err
         raise
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def compile_tuned(mod: tvm.IRModule, target: tvm.target.Target, db: Any) -> Any:

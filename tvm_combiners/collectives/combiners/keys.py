@@ -216,8 +216,8 @@ class ChannelBook:
     """
 
     def __init__(self, per_function: Callable[[], Iterable[Iterable[int]]]) -> None:
-        """``per_function`` reads each function's channel ids when first needed: a module whose
-        functions hold no send or recv at top level never walks its expressions for them."""
+        """``per_function`` gives each function's channel ids when first needed (Relax walks the
+        module only then; Relay reads its one walk of the module's transfers)."""
         self._read = per_function
         self._books: tuple[set[int], frozenset[int]] | None = None
 
