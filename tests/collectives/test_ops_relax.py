@@ -428,13 +428,18 @@ def test_collectives_in_a_dataflow_block_are_refused(kind):
             t = bb.emit(C.send(x, pairs))
             out = bb.emit_output(relax.Tuple([y, t]))
         bb.emit_func_output(out)
-    mod = bb.get()
-    msg = (f"{kind} in a dataflow block of function 'main': collectives are impure and must run once, in program "
+    _assert_refused_in_dataflow(bb.get(), kind, "function 'main'")
+
+
+def _assert_refused_in_dataflow(mod, kind, where):
+    """OrderSendRecv refuses the module, and so does legalization without it; returns the message."""
+    msg = (f"{kind} in a dataflow block of {where}: collectives are impure and must run once, in program "
            "order, on every rank; emit them outside dataflow blocks, in a function built with pure=False")
     with raises(msg):
         C.OrderSendRecv()(mod)
     with pytest.raises(Exception, match=re.escape(msg)):
         tvm.compile(mod, target="llvm")  # legalization's check, without the ordering pass
+    return msg
 
 
 @pytest.mark.parametrize("place", ["if", "closure"])
@@ -454,15 +459,8 @@ def test_collectives_in_a_nested_dataflow_block_are_refused(place):
             f = bb.emit(relax.Function([], inner, relax.TensorType((4,), "float32"), is_pure=False))
             bb.emit_func_output(bb.emit(relax.Call(f, [])))
         where = "a local function in function 'main'"
-    mod = bb.get()
-    msg = (f"allreduce in a dataflow block of {where}: collectives are impure and must run once, in program "
-           "order, on every rank; emit them outside dataflow blocks, in a function built with pure=False")
-    with raises(msg):
-        C.OrderSendRecv()(mod)
-    with pytest.raises(Exception, match=re.escape(msg)):
-        tvm.compile(mod, target="llvm")
+    msg = _assert_refused_in_dataflow(bb.get(), "allreduce", where)
     if place == "if":  # the If as the body's result, before normalization (review: OrderSendRecv took it)
-        c = mod["main"].params[1]
         raw = tvm.IRModule({"main": relax.Function([x, c], relax.SeqExpr([], relax.If(c, inner, relax.SeqExpr([], x))),
                                                    relax.TensorType((4,), "float32"), is_pure=False)})
         with raises(msg):

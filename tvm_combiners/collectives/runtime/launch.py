@@ -85,7 +85,7 @@ def rank_error(text: str) -> str | None:
                 if follow and not follow[0].isspace():
                     error = follow.strip()
                     break
-    if error is None:  # a crash (faulthandler's line), else MPI's abort line
+    if error is None:  # a crash (faulthandler's line)
         error = next((ln.strip() for ln in lines if ln.startswith("Fatal Python error:")), None)
     if error is None:  # why the runtime aborted, else MPI's abort line
         error = next((ln[len(ABORT_PREFIX):].strip() for ln in lines if ln.startswith(ABORT_PREFIX)), None)
