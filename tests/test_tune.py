@@ -271,3 +271,35 @@ def test_the_cheap_stack_tvmscript_reads_matches_inspects():
     ours, theirs = inner()  # both start at inner's frame
     assert len(ours) > 3 and [(f.filename, f.lineno, f.function, f.code_context) for f in ours] == \
            [(f.filename, f.lineno, f.function, f.code_context) for f in theirs]
+
+
+def test_cuda_tasks_get_a_search_space_and_their_candidates_build(tmp_path):
+    """MetaSchedule's cuda rules need the thread and shared-memory limits the cuda target leaves out:
+    on an H100 every cuda task failed ("missing attribute `max_threads_per_block` in the target").
+    A candidate then goes through our builder (nvcc), as the builder's workers do."""
+    from tvm.script import ir as I
+    from tvm.script import relax as R
+
+    @I.ir_module
+    class Matmul:
+        @R.function
+        def main(x: R.Tensor((4, 64), "float32"), w: R.Tensor((64, 32), "float32")) -> R.Tensor((4, 32), "float32"):
+            with R.dataflow():
+                y = R.matmul(x, w)
+                R.output(y)
+            return y
+
+    ms = tuning._ms()
+    target = tuning.tuning_target(make_target("cuda"))
+    limits = {k: int(target.attrs[k]) for k in ("max_threads_per_block", "max_shared_memory_per_block",
+                                                 "thread_warp_size")}
+    if not tvm.cuda(0).exist:
+        assert limits == {"max_threads_per_block": 1024, "max_shared_memory_per_block": 49152, "thread_warp_size": 32}
+    assert tuning.tuning_target(target).export() == target.export()  # nothing added twice
+    tasks = ms.relax_integration.extract_tasks(tuning._fused(Matmul, target), target)
+    assert [t.task_name for t in tasks] == ["matmul"]
+    contexts, _ = ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, str(tmp_path), strategy="replay-trace")
+    spaces = contexts[0].generate_design_space()
+    assert spaces
+    built = tuning.build_candidate(spaces[0].mod, target, None)
+    assert "__global__" in built.imports[0].inspect_source()  # a cuda kernel, compiled

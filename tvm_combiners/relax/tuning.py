@@ -48,14 +48,31 @@ class TuneSummary:
 
 
 def tuning_target(target: tvm.target.Target) -> tvm.target.Target:
-    """``target`` with the core count MetaSchedule needs on CPUs (the physical cores, as it expects)."""
-    if target.kind.name != "llvm" or "num-cores" in target.attrs:
-        return target
-    import psutil
+    """``target`` with what MetaSchedule needs and the default targets leave out: the physical core
+    count on CPUs (as it expects), the thread and shared-memory limits on cuda (its thread-binding
+    rules stop at the first task without them)."""
+    if target.kind.name == "llvm":
+        import psutil
 
-    config = dict(target.export())
-    config["num-cores"] = psutil.cpu_count(logical=False) or os.cpu_count() or 1
-    return tvm.target.Target(config)
+        missing = {"num-cores": psutil.cpu_count(logical=False) or os.cpu_count() or 1}
+    elif target.kind.name == "cuda":
+        missing = _cuda_limits()
+    else:
+        return target
+    missing = {k: v for k, v in missing.items() if k not in target.attrs}
+    if not missing:
+        return target
+    return tvm.target.Target({**dict(target.export()), **missing})
+
+
+def _cuda_limits() -> dict[str, int]:
+    """This GPU's limits, or those every GPU since compute capability 2.0 has (tuning without a GPU
+    fails later anyway, at measuring)."""
+    dev = tvm.cuda(0)
+    if dev.exist:
+        return {"max_threads_per_block": dev.max_threads_per_block,
+                "max_shared_memory_per_block": dev.max_shared_memory_per_block, "thread_warp_size": dev.warp_size}
+    return {"max_threads_per_block": 1024, "max_shared_memory_per_block": 49152, "thread_warp_size": 32}
 
 
 def tune_dir(root: str | os.PathLike | None, target: tvm.target.Target) -> Path:
@@ -130,10 +147,7 @@ def _ms() -> Any:
 def _builder(kind: str) -> Any:
     """MetaSchedule's builder, made once per process: its worker processes import TVM (seconds each),
     and the job tunes two modules."""
-    ms = _ms()
-    if kind == "llvm":
-        return ms.builder.LocalBuilder(f_build=build_candidate, timeout_sec=60)
-    return ms.builder.LocalBuilder(timeout_sec=120)
+    return _ms().builder.LocalBuilder(f_build=build_candidate, timeout_sec=60 if kind == "llvm" else 120)
 
 
 @functools.cache
@@ -186,8 +200,9 @@ def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params: Any) 
     """MetaSchedule's builder step without importing ``tvm.s_tir.tensor_intrin``.
 
     TVM's default build imports that module in every fresh builder process, and the import alone
-    takes ~30 s here: longer than the builder's timeout, so every candidate "failed to build".
-    Used for llvm only, where the search applies no tensor intrinsic the build would look up.
+    takes ~30 s here: longer than the builder's timeout, so every candidate "failed to build"; on
+    an H100 machine it made each batch of cuda candidates take 40-80 s. A candidate reaches the
+    builder already scheduled (any tensorize done), so the build looks nothing up in that registry.
     """
     from tvm.driver import build
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
