@@ -39,7 +39,7 @@ def _model_path(key: str, tmp: Path) -> str | None:
     if path.exists():  # exported for an earlier row of this run
         return str(path)
     print("# exporting a BERT-base-sized model (12 layers, hidden 768)", file=sys.stderr, flush=True)
-    export_bert(path, layers=12, hidden=768, heads=12, vocab=2000, seq=128, dynamic=False)
+    export_bert(path, layers=12, hidden=768, heads=12, vocab=2000, seq=128)  # batch and seq axes free: --batches
     return str(path)
 
 
@@ -87,11 +87,14 @@ def main() -> None:
             most = max([most] + [v.tuning["most_trials"] for v in (base, comb) if v.tuning])
             ort = report.ort_latency_s
             tasks = "/".join(f"{v.tuning['tasks']} ({v.tuning['tuned']})" for v in (base, comb)) if args.trials else "-"
-            rows.append([f"{name} b{batch} s{seq}", form, str(args.trials or "untuned"), tasks,
+            shape = next(iter(report.inputs.values()))  # what it ran on: a model may fix its batch
+            ran = "b{} s{}".format(*shape) if len(shape) == 2 else str(tuple(shape))
+            rows.append([f"{name} {ran}", form, str(args.trials or "untuned"), tasks,
                          f"{time.perf_counter() - start:.0f}",
                          f"{base.latency_s * 1e3:.2f}", f"{comb.latency_s * 1e3:.2f}", f"{ort * 1e3:.2f}",
                          _ratio(report.speedup(), report.round_speedups), f"{base.latency_s / ort:.2f}x",
                          f"{comb.latency_s / ort:.2f}x"])
+            print("# " + " | ".join(rows[-1]), file=sys.stderr, flush=True)  # kept if a later row is cut off
     budget = ("same budget for both modules" if most == args.trials else
               f"but some tasks reuse records of up to {most} trials from --tune-dir: budgets differ")
     how = (f"tuned with MetaSchedule ({args.trials} trials per task, {budget})" if args.trials
