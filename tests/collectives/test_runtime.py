@@ -779,12 +779,10 @@ def test_check_mode_on_one_rank_only_is_named_not_misread(tmp_path: Path) -> Non
     a user's own mpiexec may not): rank 1 took rank 0's 1024-byte shape header for a 1024-byte payload
     (exit 0), and rank 0 read rank 1's payload as a header and then waited in a Probe without limit.
     Each recv now names the mismatch, takes what was sent, and the channel then works; a recv of
-    fewer than 4 bytes cannot tell a header's start: it says so, and the channel is a message behind:
-    that message, never received, fails the job at exit (sends are synchronous)."""
-    proc = _run(2, "mixed_check", tmp_path, timeout=120, TVM_COMBINERS_SEND_DRAIN_TIMEOUT="10")
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    assert ("tvm-combiners launch: rank 0 failed: sends never received after 10 s: channel 12 from rank 0 to rank 1\n"
-            in proc.stderr), proc.stderr[-3000:]
+    fewer than 4 bytes cannot tell a header's start: it says so, and the channel is a message behind
+    (that small message, never received, is dropped at exit: MPI completed its send eagerly)."""
+    proc = _run(2, "mixed_check", tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     env = "TVM_COMBINERS_CHECK_COLLECTIVES"
     tiny = json.loads((tmp_path / "rank1.json").read_text()).pop("12|mixed")
     assert tiny.startswith("ValueError: tvm_combiners.recv: channel 12 from rank 0: ") and tiny.endswith(
@@ -842,18 +840,27 @@ def test_a_bad_drain_timeout_fails_the_first_send_not_the_exit(tmp_path: Path) -
     assert proc.stdout == "TVM_COMBINERS_SEND_DRAIN_TIMEOUT must be a positive number of seconds, got 'abc'\n"
 
 
-def test_a_small_send_nobody_receives_fails_the_job(tmp_path: Path) -> None:
-    """A 12-byte send that rank 1 never received: MPI completed the Isend at once (eager), and the job
-    exited 0. Sends are synchronous now (Issend): unmatched at exit, the job fails naming them."""
+def test_a_sender_far_ahead_of_its_receiver_ends_the_job_cleanly(tmp_path: Path) -> None:
+    """300 small sends posted before rank 1 received any: every one arrived, in order, yet with
+    synchronous sends (Issend) MPICH left ~235 of them unacknowledged once rank 1 stopped calling
+    MPI, and the job failed at exit ("sends never received")."""
     (tmp_path / "prog.py").write_text(
         "import numpy as np\n"
+        "from mpi4py import MPI\n"
         "from tvm_combiners.collectives.runtime import functions as F, rank\n"
         "if rank() == 0:\n"
-        "    F.send_np('send', '0,1', 5, np.arange(3, dtype='float32'))\n")
-    env = {**os.environ, "TVM_COMBINERS_SEND_DRAIN_TIMEOUT": "2"}
+        "    for i in range(300):\n"
+        "        F.send_np('send', '0,1', 5, np.full(4, i, 'float32'))\n"
+        "MPI.COMM_WORLD.Barrier()\n"
+        "if rank() == 1:\n"
+        "    out, got = np.empty(4, 'float32'), []\n"
+        "    for _ in range(300):\n"
+        "        F.recv_np('recv', '0,1', 5, out)\n"
+        "        got.append(int(out[0]))\n"
+        "    print('in order' if got == list(range(300)) else f'out of order: {got}', flush=True)\n")
+    env = {**os.environ, "TVM_COMBINERS_SEND_DRAIN_TIMEOUT": "10"}
     proc = subprocess.run([sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "2", "--timeout",
-                           "90", "--", "python", "prog.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                           "90", "--", "python", "prog.py"], cwd=tmp_path, capture_output=True, text=True, timeout=150,
                           env=env)
-    assert proc.returncode == 1, proc.stderr
-    assert ("tvm-combiners launch: rank 0 failed: sends never received after 2 s: channel 5 from rank 0 to rank 1\n"
-            in proc.stderr), proc.stderr
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout == "in order\n"

@@ -163,11 +163,13 @@ def scatter_np(name: str, grp: Group, x: np.ndarray, out: np.ndarray) -> None:
 
 
 # --- point to point -------------------------------------------------------------------------------
-# A send copies its payload and posts an Issend: it never waits for the receiver, so no order of sends
+# A send copies its payload and posts an Isend: it never waits for the receiver, so no order of sends
 # and recvs in the program can deadlock on a send.  Finished sends are dropped on every later call;
 # whatever is left is completed at exit (bounded, so a recv that never comes fails the job loudly).
-# Synchronous (Issend): it completes only once matched; an Isend of up to ~16 KiB completed at once,
-# so a small send that no rank ever received was lost without a word.
+# MPI completes a small Isend (up to ~16 KiB here) with no receiver, so only a large one nobody
+# receives fails the job.  Not Issend: MPICH delivers its acknowledgements only while the receiver
+# keeps calling MPI, so a sender ~60 small messages ahead of a receiver that then stopped kept them
+# pending for good, and a job whose every message arrived failed at exit (2026-11-25).
 #: ``TVM_COMBINERS_CHECK_COLLECTIVES=1``: every collective first checks that its whole group calls the
 #: same one, and every recv that its send sent the shape and dtype it expects.
 _CHECK = checking_collectives()
@@ -231,7 +233,12 @@ def _seconds(env: str, default: float) -> float:
 
 
 def _reap() -> None:
-    _pending[:] = [p for p in _pending if not p[0].Test()]
+    """Forget the sends that completed, in one MPI call: a sender far ahead of its receiver keeps its
+    large sends pending, and a ``Test`` each, on every send, was quadratic in Python."""
+    done = mpi().Request.Testsome([p[0] for p in _pending])
+    if done:
+        finished = set(done)
+        _pending[:] = [p for i, p in enumerate(_pending) if i not in finished]
 
 
 def drain_sends(timeout: float | None = None) -> None:
@@ -267,8 +274,8 @@ def send_np(name: str, pairs: str, channel_id: int, payload: np.ndarray) -> None
     tag = _comm.tag(channel_id)
     if _CHECK:  # the payload is bytes to MPI: say its shape first (messages of one tag keep their order)
         header = _header_row(payload)
-        _pending.append((MPI.COMM_WORLD.Issend([header, MPI.BYTE], peer.target, tag), header, channel_id, peer.target))
-    request = MPI.COMM_WORLD.Issend([payload, MPI.BYTE], peer.target, tag)
+        _pending.append((MPI.COMM_WORLD.Isend([header, MPI.BYTE], peer.target, tag), header, channel_id, peer.target))
+    request = MPI.COMM_WORLD.Isend([payload, MPI.BYTE], peer.target, tag)
     _pending.append((request, payload, channel_id, peer.target))
 
 
