@@ -212,3 +212,27 @@ def test_a_loss_of_exactly_zero_is_checked_not_divided_by():
     off = {**ref, "loss": [0.0, 1e-3]}
     _, failures = D.check_variant("naive", [off], ref, ref, sgd, p0)
     assert _failed(failures) == ["naive: loss vs the full-batch step"]
+
+
+def test_a_nan_after_the_first_step_fails_the_check():
+    """Python's max drops a NaN that follows a number (max([1e-7, nan]) == 1e-7): a program whose
+    gradients, parameters and loss went NaN from step 2 on passed every check (review finding);
+    pipeline_bert's check over micro-batches takes its worst difference the same way."""
+    from tvm_combiners.examples.report import worst
+
+    assert np.isnan(worst([1e-7, float("nan"), 0.0])) and worst(x for x in (1.0, 3.0)) == 3.0
+    cfg = D.Config(layers=1, hidden=16, heads=2, ffn=32, seq=4, steps=3)
+    opt = D.make_optimizer(cfg)
+    p0 = np.concatenate([a.ravel() for a in D.init_params(cfg).values()])
+    rng = np.random.default_rng(0)
+    grads = [rng.standard_normal(p0.size).astype("float32") for _ in range(cfg.steps)]
+    params = [p.astype("float32") for p in D.replay_optimizer(opt, p0, grads)]
+    reference = {"grads": grads, "params": params, "loss": [1.0, 0.9, 0.8], "grads_at_run": grads,
+                 "loss_at_run": [1.0, 0.9, 0.8]}
+    good = {"grads": grads, "params": params, "loss": [1.0, 0.9, 0.8]}
+    assert D.check_variant("bucketed", [good, good], reference, reference, opt, p0)[1] == []
+    nan = np.full(p0.size, np.nan, "float32")
+    bad = {"grads": [grads[0], nan, nan], "params": [params[0], nan, nan], "loss": [1.0, float("nan"), float("nan")]}
+    checked, failures = D.check_variant("bucketed", [good, bad], reference, reference, opt, p0)
+    assert len(failures) == 6, failures
+    assert all(np.isnan(v) for k, v in checked.items() if k.startswith("max_")), checked

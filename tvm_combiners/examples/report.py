@@ -15,7 +15,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -114,6 +114,12 @@ def times_in_turn(call: Callable[[], Any], repeat: int) -> float:
 
 def max_abs(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a.astype("float64") - b.astype("float64")))) if a.size else 0.0
+
+
+def worst(values: Iterable[float]) -> float:
+    """The largest difference, NaN if any is: Python's ``max`` drops a NaN that follows a number, so a
+    check over steps or micro-batches saw only the first one's NaN."""
+    return float(np.max(np.asarray(list(values), dtype="float64")))
 
 
 def rel_diff(a: np.ndarray, b: np.ndarray) -> float:
