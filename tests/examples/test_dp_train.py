@@ -236,3 +236,13 @@ def test_a_nan_after_the_first_step_fails_the_check():
     checked, failures = D.check_variant("bucketed", [good, bad], reference, reference, opt, p0)
     assert len(failures) == 6, failures
     assert all(np.isnan(v) for k, v in checked.items() if k.startswith("max_")), checked
+
+
+@pytest.mark.parametrize("example", ["dp_train", "pipeline_bert"])
+def test_a_json_out_that_cannot_be_written_is_refused_before_the_job(tmp_path, example):
+    """The job ran to its end, then rank 0 failed on open() with a traceback (exit 1, the report lost)."""
+    for path, why in ((tmp_path / "no" / "r.json", f"no folder {tmp_path / 'no'}"), (tmp_path, "is a folder")):
+        proc = subprocess.run([sys.executable, "-m", f"tvm_combiners.examples.{example}", "--json-out", str(path)],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr == f"python -m tvm_combiners.examples.{example}: error: --json-out {path}: {why}\n"

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -175,11 +176,27 @@ def example_main(parser: Any, config: Callable[[Any, int], Any], run: Callable[[
     try:
         args = parser.parse_args(argv)
         cfg = config(args, world_size())
+        problem = args.json_out and _unwritable(args.json_out)
+        if problem:
+            raise UsageError(f"--json-out {args.json_out}: {problem}")
     except UsageError as err:
         if comm().Get_rank() == 0:
             print(f"{parser.prog}: error: {err}", file=sys.stderr, flush=True)
         return 2
     return finish(run(cfg), render, args.json, args.json_out)
+
+
+def _unwritable(path: str) -> str | None:
+    """Why rank 0 could not write the report to ``path`` (None when it could): checked before the
+    job runs, which otherwise ended in a traceback after all its work, the report lost."""
+    target = Path(path)
+    if target.is_dir():
+        return "is a folder"
+    if not target.parent.is_dir():
+        return f"no folder {target.parent}"
+    if not os.access(target if target.exists() else target.parent, os.W_OK):
+        return "cannot be written"
+    return None
 
 
 def add_output_options(parser: Any) -> None:
