@@ -161,6 +161,15 @@ def test_named_dims_get_one_size_wherever_they_stand():
     assert {k: v[0] for k, v in input_specs(model).items()} == {"a": [2, 8, 16], "b": [8, 2, 16]}
     anonymous = prepare_onnx(_two_input_model(["n", "m"], ["m"]), batch=2, seq=8)  # no word: the first place decides
     assert {k: v[0] for k, v in input_specs(anonymous).items()} == {"a": [2, 8], "b": [8]}
+    # kept symbolic (batch=None, seq=None), the inputs made for it follow the same names (helper-51:
+    # b was fed (2, 8, 16) and onnxruntime failed; a lone [seq_len, batch] had its sizes swapped)
+    symbolic = prepare_onnx(_two_input_model(["batch", "seq_len", 16], ["seq_len", "batch", 16], perm=[1, 0, 2]),
+                            batch=None, seq=None)
+    inputs = example_inputs(symbolic, batch=2, seq=8)
+    assert {k: v.shape for k, v in inputs.items()} == {"a": (2, 8, 16), "b": (8, 2, 16)}
+    assert run_onnxruntime(symbolic, inputs)[0].shape == (2, 8, 16)
+    assert {k: v.shape for k, v in example_inputs(_two_input_model(["n", "m"], ["m"]), 2, 8).items()} == {
+        "a": (2, 8), "b": (8,)}
 
 
 def test_bool_inputs_hold_both_values_and_non_tensor_inputs_are_refused(tmp_path):

@@ -319,8 +319,10 @@ def example_inputs(model: onnx.ModelProto, batch: int = 1, seq: int = 128, seed:
     rng = np.random.default_rng(seed)
     vocab = _index_bounds(model)
     arrays = {}
+    named: dict[str, int | None] = {}  # a dynamic axis's size follows its name, as prepare_onnx's does
     for name, (dims, dtype) in input_specs(model).items():
-        shape = [d if isinstance(d, int) and d >= 0 else (batch if i == 0 else seq) for i, d in enumerate(dims)]
+        shape = [d if isinstance(d, int) and d >= 0 else _dim_size("" if d == "?" else d, i, batch, seq, named, name)
+                 for i, d in enumerate(dims)]
         lname = name.lower()
         integer = np.issubdtype(np.dtype(dtype), np.integer)
         if "mask" in lname:
