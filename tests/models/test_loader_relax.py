@@ -270,3 +270,18 @@ def test_a_fixed_zero_dim_is_fed_zero_and_the_job_runs(tmp_path, capsys):
     assert main(["run", str(tmp_path / "zero.onnx"), "--repeat", "1"]) == 0
     out = capsys.readouterr().out
     assert "inputs x (1, 0, 16)" in out and "combined groups: 0" in out
+
+
+def test_hf_export_fits_runs_defaults_and_refuses_sizes_that_make_no_bert(hf_bert_path, tmp_path):
+    """Its default model had 64 positions, so `tvm-combiners run` (seq 128) refused it; heads that do
+    not divide hidden, or a size of 0, ended in transformers' tracebacks, and 0 layers exported a
+    model of embeddings alone (helper-51)."""
+    from tvm_combiners.models.hf_export import export_bert
+
+    assert position_limit(load_onnx(hf_bert_path))[0] == 512
+    for sizes, problem in (({"heads": 5}, "hidden 64 must be a multiple of heads 5"),
+                           ({"layers": 0}, "layers must be at least 1, got 0"),
+                           ({"vocab": 0}, "vocab must be at least 1, got 0")):
+        with pytest.raises(ValueError, match=f"^export_bert: {problem}$"):
+            export_bert(tmp_path / "x.onnx", **sizes)
+    assert not (tmp_path / "x.onnx").exists()

@@ -14,6 +14,9 @@ import os
 
 def export_bert(path: str | os.PathLike, layers: int = 2, hidden: int = 64, heads: int = 4, vocab: int = 500,
                 seq: int = 16, dynamic: bool = True, seed: int = 0) -> None:
+    problem = export_problem(layers, hidden, heads, vocab, seq)
+    if problem:
+        raise ValueError(f"export_bert: {problem}")
     import torch
     import transformers
 
@@ -30,7 +33,7 @@ def export_bert(path: str | os.PathLike, layers: int = 2, hidden: int = 64, head
 
     config = transformers.BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
                                      num_attention_heads=heads, intermediate_size=4 * hidden,
-                                     max_position_embeddings=max(64, seq))
+                                     max_position_embeddings=max(512, seq))  # BERT's: `run`'s seq 128 fits
     torch.manual_seed(seed)
     model = Wrapper(transformers.BertModel(config).eval())
     ids = torch.randint(0, vocab, (1, seq))
@@ -38,6 +41,17 @@ def export_bert(path: str | os.PathLike, layers: int = 2, hidden: int = 64, head
     torch.onnx.export(model, (ids, torch.ones_like(ids)), str(path), input_names=["input_ids", "attention_mask"],
                       output_names=["last_hidden_state", "pooler_output"], opset_version=17, dynamo=False,
                       dynamic_axes=axes)
+
+
+def export_problem(layers: int, hidden: int, heads: int, vocab: int, seq: int) -> str | None:
+    """What makes these sizes no BERT (None when they make one): transformers fails on them deep in
+    its code, or (no layers) exports a model that is only embeddings."""
+    for name, value in (("layers", layers), ("hidden", hidden), ("heads", heads), ("vocab", vocab), ("seq", seq)):
+        if value < 1:
+            return f"{name} must be at least 1, got {value}"
+    if hidden % heads:
+        return f"hidden {hidden} must be a multiple of heads {heads}"
+    return None
 
 
 def main() -> None:
@@ -52,6 +66,9 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=500)
     parser.add_argument("--seq", type=int, default=16)
     args = parser.parse_args()
+    problem = export_problem(args.layers, args.hidden, args.heads, args.vocab, args.seq)
+    if problem:
+        parser.error(problem)
     export_bert(args.path, args.layers, args.hidden, args.heads, args.vocab, args.seq)
 
 
