@@ -327,8 +327,9 @@ def example_inputs(model: onnx.ModelProto, batch: int = 1, seq: int = 128, seed:
         integer = np.issubdtype(np.dtype(dtype), np.integer)
         if "mask" in lname:
             array = np.ones(shape, dtype)
-            if array.ndim == 2 and shape[1] > 4:
-                array[:, -shape[1] // 8 :] = 0  # some padding, so the mask matters
+            if array.ndim == 2 and shape[1] > 4:  # padding that differs by row and by seed, so the mask
+                for row, pad in enumerate(rng.integers(1, shape[1] // 4 + 1, size=shape[0])):  # matters, and
+                    array[row, -pad:] = 0  # a mask handed to the wrong row or micro-batch shows
         elif dtype == "bool":  # both values, so that every branch a Where picks is checked
             array = rng.random(shape) < 0.5
         elif "type" in lname and integer:  # token type ids
