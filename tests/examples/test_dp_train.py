@@ -241,7 +241,8 @@ def test_a_nan_after_the_first_step_fails_the_check():
 @pytest.mark.parametrize("example", ["dp_train", "pipeline_bert"])
 def test_a_json_out_that_cannot_be_written_is_refused_before_the_job(tmp_path, example):
     """The job ran to its end, then rank 0 failed on open() with a traceback (exit 1, the report lost)."""
-    for path, why in ((tmp_path / "no" / "r.json", f"no folder {tmp_path / 'no'}"), (tmp_path, "is a folder")):
+    for path, why in ((tmp_path / "no" / "r.json", f"no folder {tmp_path / 'no'}"), (tmp_path, "is a folder"),
+                      (f"{tmp_path / 'new'}/", "is a folder")):  # a folder yet to be made (helper-52)
         proc = subprocess.run([sys.executable, "-m", f"tvm_combiners.examples.{example}", "--json-out", str(path)],
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2, proc.stderr

@@ -285,3 +285,24 @@ def test_hf_export_fits_runs_defaults_and_refuses_sizes_that_make_no_bert(hf_ber
         with pytest.raises(ValueError, match=f"^export_bert: {problem}$"):
             export_bert(tmp_path / "x.onnx", **sizes)
     assert not (tmp_path / "x.onnx").exists()
+
+
+def test_generated_masks_pad_each_batch_item_along_its_sequence(tmp_path):
+    """Each item keeps at least one position, and items and seeds differ; a time-major mask is
+    padded along axis 0 (padding axis 1 left a batch item fully masked); an exporter's -1 size is
+    an unnamed dynamic axis (it reached the name rules as an int: AttributeError, helper-52)."""
+    from onnx import TensorProto, helper
+
+    def one_input(name, dims, dtype=TensorProto.INT64):
+        graph = helper.make_graph([helper.make_node("Identity", [name], ["y"])], "g",
+                                  [helper.make_tensor_value_info(name, dtype, dims)],
+                                  [helper.make_tensor_value_info("y", dtype, None)])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+    batch_major = one_input("attention_mask", ["batch", "seq_len"])
+    masks = [example_inputs(batch_major, batch=8, seq=16, seed=s)["attention_mask"] for s in range(20)]
+    assert all(m.shape == (8, 16) and m.any(axis=1).all() and not m.all(axis=1).any() for m in masks)
+    assert len({m.sum(axis=1).tobytes() for m in masks}) > 1 and any(len(set(m.sum(axis=1))) > 1 for m in masks)
+    time_major = example_inputs(one_input("attention_mask", ["seq_len", "batch"]), batch=8, seq=16)["attention_mask"]
+    assert time_major.shape == (16, 8) and time_major.any(axis=0).all() and not time_major.all(axis=0).any()
+    assert example_inputs(one_input("x", [-1, 4], TensorProto.FLOAT), batch=2, seq=8)["x"].shape == (2, 4)

@@ -190,7 +190,7 @@ def _unwritable(path: str) -> str | None:
     """Why rank 0 could not write the report to ``path`` (None when it could): checked before the
     job runs, which otherwise ended in a traceback after all its work, the report lost."""
     target = Path(path)
-    if target.is_dir():
+    if target.is_dir() or path.endswith(("/", os.sep)):
         return "is a folder"
     if not target.parent.is_dir():
         return f"no folder {target.parent}"

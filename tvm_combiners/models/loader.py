@@ -314,6 +314,12 @@ def _index_bounds(model: onnx.ModelProto) -> dict[str, int]:
     return bounds
 
 
+def _names_sequence(dim: Any) -> bool:
+    """Whether a dynamic axis's name says sequence and not batch (a time-major ``[seq_len, batch]``)."""
+    name = dim.lower() if isinstance(dim, str) else ""
+    return any(w in name for w in _SEQ_WORDS) and not any(w in name for w in _BATCH_WORDS)
+
+
 def example_inputs(model: onnx.ModelProto, batch: int = 1, seq: int = 128, seed: int = 0) -> dict[str, np.ndarray]:
     """Deterministic inputs: token ids, an attention mask with padding, zero token types."""
     rng = np.random.default_rng(seed)
@@ -321,15 +327,19 @@ def example_inputs(model: onnx.ModelProto, batch: int = 1, seq: int = 128, seed:
     arrays = {}
     named: dict[str, int | None] = {}  # a dynamic axis's size follows its name, as prepare_onnx's does
     for name, (dims, dtype) in input_specs(model).items():
-        shape = [d if isinstance(d, int) and d >= 0 else _dim_size("" if d == "?" else d, i, batch, seq, named, name)
+        shape = [d if isinstance(d, int) and d >= 0 else  # a name, or none ("?", an exporter's -1)
+                 _dim_size(d if isinstance(d, str) and d != "?" else "", i, batch, seq, named, name)
                  for i, d in enumerate(dims)]
         lname = name.lower()
         integer = np.issubdtype(np.dtype(dtype), np.integer)
         if "mask" in lname:
             array = np.ones(shape, dtype)
-            if array.ndim == 2 and shape[1] > 4:  # padding that differs by row and by seed, so the mask
-                for row, pad in enumerate(rng.integers(1, shape[1] // 4 + 1, size=shape[0])):  # matters, and
-                    array[row, -pad:] = 0  # a mask handed to the wrong row or micro-batch shows
+            # padding that differs by batch item and by seed, so the mask matters and one handed to the
+            # wrong item or micro-batch shows; along the sequence axis (axis 0 where its name says so)
+            items = array.T if array.ndim == 2 and _names_sequence(dims[0]) else array
+            if items.ndim == 2 and items.shape[1] > 4:
+                for item, pad in enumerate(rng.integers(1, items.shape[1] // 4 + 1, size=items.shape[0])):
+                    items[item, -pad:] = 0
         elif dtype == "bool":  # both values, so that every branch a Where picks is checked
             array = rng.random(shape) < 0.5
         elif "type" in lname and integer:  # token type ids

@@ -168,7 +168,7 @@ def scatter_np(name: str, grp: Group, x: np.ndarray, out: np.ndarray) -> None:
 # whatever is left is completed at exit (bounded, so a recv that never comes fails the job loudly).
 # MPI completes a small Isend (up to ~16 KiB here) with no receiver, so only a large one nobody
 # receives fails the job.  Not Issend: MPICH delivers its acknowledgements only while the receiver
-# keeps calling MPI, so a sender ~60 small messages ahead of a receiver that then stopped kept them
+# keeps calling MPI, so a sender 300 small messages ahead of a receiver that then stopped kept ~235
 # pending for good, and a job whose every message arrived failed at exit (2026-11-25).
 #: ``TVM_COMBINERS_CHECK_COLLECTIVES=1``: every collective first checks that its whole group calls the
 #: same one, and every recv that its send sent the shape and dtype it expects.
