@@ -864,3 +864,23 @@ def test_a_sender_far_ahead_of_its_receiver_ends_the_job_cleanly(tmp_path: Path)
                           env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout == "in order\n"
+
+
+def test_a_large_send_nobody_receives_fails_the_job_naming_it(tmp_path: Path) -> None:
+    """A 1 MiB send (past MPI's eager limit) that rank 1 never receives: the exit drain names it.
+    Rank 1 stays past the drain timeout (leaving first, MPICH's finalize may end the job on its own)."""
+    (tmp_path / "prog.py").write_text(
+        "import time\n"
+        "import numpy as np\n"
+        "from tvm_combiners.collectives.runtime import functions as F, rank\n"
+        "if rank() == 0:\n"
+        "    F.send_np('send', '0,1', 5, np.zeros(1 << 18, 'float32'))\n"
+        "else:\n"
+        "    time.sleep(20)\n")
+    env = {**os.environ, "TVM_COMBINERS_SEND_DRAIN_TIMEOUT": "2"}
+    proc = subprocess.run([sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "2", "--timeout",
+                           "90", "--", "python", "prog.py"], cwd=tmp_path, capture_output=True, text=True, timeout=150,
+                          env=env)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert ("tvm-combiners launch: rank 0 failed: sends never received after 2 s: channel 5 from rank 0 to rank 1\n"
+            in proc.stderr), proc.stderr[-3000:]
