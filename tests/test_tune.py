@@ -298,8 +298,9 @@ def test_cuda_tasks_get_a_search_space_and_their_candidates_build(tmp_path):
     assert tuning.tuning_target(target).export() == target.export()  # nothing added twice
     tasks = ms.relax_integration.extract_tasks(tuning._fused(Matmul, target), target)
     assert [t.task_name for t in tasks] == ["matmul"]
-    contexts, _ = ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, str(tmp_path), strategy="replay-trace")
-    spaces = contexts[0].generate_design_space()
+    context = ms.TuneContext(mod=tasks[0].dispatched[0], target=target, space_generator="post-order-apply",
+                             search_strategy="replay-trace", task_name="matmul")
+    spaces = context.generate_design_space()
     assert spaces
     built = tuning.build_candidate(spaces[0].mod, target, None)
     assert "__global__" in built.imports[0].inspect_source()  # a cuda kernel, compiled
