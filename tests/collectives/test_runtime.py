@@ -840,6 +840,14 @@ def test_a_bad_drain_timeout_fails_the_first_send_not_the_exit(tmp_path: Path) -
     assert proc.stdout == "TVM_COMBINERS_SEND_DRAIN_TIMEOUT must be a positive number of seconds, got 'abc'\n"
 
 
+def _launch_two(folder: Path, drain_s: str) -> subprocess.CompletedProcess:
+    """``folder``/prog.py on 2 ranks under the launcher (the job's timeout 90 s, a hard limit of 150 s),
+    with ``TVM_COMBINERS_SEND_DRAIN_TIMEOUT`` set to ``drain_s``."""
+    return subprocess.run([sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "2", "--timeout",
+                           "90", "--", "python", "prog.py"], cwd=folder, capture_output=True, text=True, timeout=150,
+                          env={**os.environ, "TVM_COMBINERS_SEND_DRAIN_TIMEOUT": drain_s})
+
+
 def test_a_sender_far_ahead_of_its_receiver_ends_the_job_cleanly(tmp_path: Path) -> None:
     """300 small sends posted before rank 1 received any: every one arrived, in order, yet with
     synchronous sends (Issend) MPICH left ~235 of them unacknowledged once rank 1 stopped calling
@@ -858,10 +866,7 @@ def test_a_sender_far_ahead_of_its_receiver_ends_the_job_cleanly(tmp_path: Path)
         "        F.recv_np('recv', '0,1', 5, out)\n"
         "        got.append(int(out[0]))\n"
         "    print('in order' if got == list(range(300)) else f'out of order: {got}', flush=True)\n")
-    env = {**os.environ, "TVM_COMBINERS_SEND_DRAIN_TIMEOUT": "10"}
-    proc = subprocess.run([sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "2", "--timeout",
-                           "90", "--", "python", "prog.py"], cwd=tmp_path, capture_output=True, text=True, timeout=150,
-                          env=env)
+    proc = _launch_two(tmp_path, "10")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout == "in order\n"
 
@@ -877,10 +882,7 @@ def test_a_large_send_nobody_receives_fails_the_job_naming_it(tmp_path: Path) ->
         "    F.send_np('send', '0,1', 5, np.zeros(1 << 18, 'float32'))\n"
         "else:\n"
         "    time.sleep(20)\n")
-    env = {**os.environ, "TVM_COMBINERS_SEND_DRAIN_TIMEOUT": "2"}
-    proc = subprocess.run([sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "2", "--timeout",
-                           "90", "--", "python", "prog.py"], cwd=tmp_path, capture_output=True, text=True, timeout=150,
-                          env=env)
+    proc = _launch_two(tmp_path, "2")
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert ("tvm-combiners launch: rank 0 failed: sends never received after 2 s: channel 5 from rank 0 to rank 1\n"
             in proc.stderr), proc.stderr[-3000:]
