@@ -23,7 +23,7 @@ from ..spec import AGREE_SHAPES, CHECK_COLLECTIVES_ENV, RUNTIME_PREFIX, checking
 from . import comm as _comm
 from . import tensors
 from .comm import Group, _routes, group, mpi, route
-from .rank_main import ABORT_PREFIX
+from .rank_main import ABORT_PREFIX, record_error
 
 REDUCTIONS = ("sum", "prod", "min", "max", "avg")
 # dtypes MPI reduces natively; others (bool, float16, bfloat16, ...) are reduced in float32/int64
@@ -166,7 +166,7 @@ def scatter_np(name: str, grp: Group, x: np.ndarray, out: np.ndarray) -> None:
 # A send copies its payload and posts an Isend: it never waits for the receiver, so no order of sends
 # and recvs in the program can deadlock on a send.  Finished sends are dropped on every later call;
 # whatever is left is completed at exit (bounded, so a recv that never comes fails the job loudly).
-# MPI completes a small Isend (up to ~16 KiB here) with no receiver, so only a large one nobody
+# MPI completes a small Isend (1 KiB did, 8 KiB did not) with no receiver, so only a larger one nobody
 # receives fails the job.  Not Issend: MPICH delivers its acknowledgements only while the receiver
 # keeps calling MPI, so a sender 300 small messages ahead of a receiver that then stopped kept ~235
 # pending for good, and a job whose every message arrived failed at exit (2026-11-25).
@@ -253,8 +253,9 @@ def drain_sends(timeout: float | None = None) -> None:
         if time.monotonic() > deadline:
             me = _comm.rank()
             stuck = "; ".join(dict.fromkeys(f"channel {p[2]} from rank {me} to rank {p[3]}" for p in _pending))
-            print(f"{ABORT_PREFIX}sends never received after {timeout:g} s: {stuck}",
-                  file=sys.stderr, flush=True)
+            why = f"sends never received after {timeout:g} s: {stuck}"
+            record_error(why)
+            print(f"{ABORT_PREFIX}{why}", file=sys.stderr, flush=True)
             mpi().COMM_WORLD.Abort(1)
         time.sleep(0.001)
 

@@ -166,6 +166,17 @@ def _program_ends(folder: Path, n: int) -> dict[int, int]:
     return ends
 
 
+def _recorded_errors(folder: Path, n: int) -> dict[int, str]:
+    """Each rank's reason to fail as it wrote it (``rank_main.record_error``): its stderr may be lost."""
+    errors = {}
+    for r in range(n):
+        with contextlib.suppress(OSError):
+            text = (folder / f"error.{r}").read_text(errors="replace").strip()
+            if text:
+                errors[r] = text
+    return errors
+
+
 def _ranks(ranks: list[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
 
@@ -297,9 +308,10 @@ def launch(n: int, argv: list[str], timeout: float | None = None) -> int:
             raise
         texts = tail.finish()
         ends = _program_ends(Path(folder), n) if marked else {}
+        recorded = _recorded_errors(Path(folder), n) if marked else {}
         early = _left_early(ends, n) if marked else None
     elapsed = time.monotonic() - start
-    failed = [(r, err) for r, err in ((r, rank_error(t)) for r, t in enumerate(texts)) if err]
+    failed = [(r, err) for r, err in ((r, rank_error(t) or recorded.get(r)) for r, t in enumerate(texts)) if err]
     if code == 0 and not timed_out and not early:
         failed = []  # a traceback a rank printed and handled: the job succeeded
     for r, err in failed:

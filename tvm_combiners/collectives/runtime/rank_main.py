@@ -8,6 +8,11 @@ one was stopped, and launch says so.  A rank that replaces itself with ``os.exec
 (it counts as stopped); a forked child (multiprocessing's workers leave through ``os._exit``) marks
 nothing for its parent.
 
+The reason a rank fails (its uncaught exception, or the runtime's reason to abort) is also written to
+``error.<rank>`` there: MPI_Abort tears the job down while mpiexec may still hold the rank's last
+stderr lines, and under load those lines were lost (CI, 2026-11-26: the launcher said "no rank
+reported an error" for a send nobody received).
+
 Run by path, not ``-m``, so that the rank imports nothing of tvm_combiners (its package import
 loads TVM, seconds per rank) and any interpreter with mpi4py can run it; kept to the standard
 library for that reason.
@@ -15,6 +20,7 @@ library for that reason.
 
 import os
 import sys
+import traceback
 
 MARKER_DIR = "TVM_COMBINERS_LAUNCH_DIR"  # launch's folder, set by launch for the ranks
 #: How a rank says an error that TVM 0.16's compiled code may lose (``launch`` reports this line where
@@ -33,15 +39,32 @@ def exit_status(code: object) -> int:
     return 0 if code is None else 1
 
 
-def _mark(code: object) -> None:
+def _write_marker(stem: str, text: str) -> None:
+    """``<launch's folder>/<stem>.<rank>`` holds ``text``, where this process runs under launch."""
     folder, rank = os.environ.get(MARKER_DIR), os.environ.get("PMI_RANK")
-    if not folder or rank is None or os.getpid() != _RANK_PID:
+    if not folder or rank is None:
         return
     try:
-        with open(os.path.join(folder, f"done.{rank}"), "w") as f:
-            f.write(f"{exit_status(code)}\n")
+        with open(os.path.join(folder, f"{stem}.{rank}"), "w") as f:
+            f.write(text)
     except OSError:
         pass  # launch's folder gone (launch killed): nobody is left to read it
+
+
+def _mark(code: object) -> None:
+    if os.getpid() == _RANK_PID:
+        _write_marker("done", f"{exit_status(code)}\n")
+
+
+def record_error(text: str) -> None:
+    """Leave launch this rank's reason to fail, in a file: its stderr may not reach launch (module doc)."""
+    _write_marker("error", text.strip() + "\n")
+
+
+def _exception_line(exc: BaseException) -> str:
+    """The line of a traceback that names ``exc`` (a SyntaxError's comes after its source lines)."""
+    lines = "".join(traceback.format_exception_only(type(exc), exc)).splitlines() or [type(exc).__name__]
+    return next((ln for ln in lines if ln.strip() and not ln[0].isspace()), lines[-1]).strip()
 
 
 def _marking_exit(real_exit):  # noqa: ANN001, ANN202 - keeps os._exit's signature
@@ -63,6 +86,10 @@ def main() -> None:
         run.main()
     except SystemExit as exc:
         _mark(exc.code)
+        raise
+    except BaseException as exc:  # mpi4py aborts the job at exit; Python prints the traceback first
+        if os.getpid() == _RANK_PID:
+            record_error(_exception_line(exc))
         raise
     _mark(0)
 
