@@ -3,7 +3,9 @@
     .venv/bin/python benchmarks/bench_tuned.py [--trials N] [--models minilm,bert-base] [--tune-dir DIR]
         [--target llvm|cuda] [--batches 1,8] [--combine-as stack|concat|both]
 
-``--trials 0`` measures the default pipeline (dlight rules on cuda) untuned. ``--target cuda``
+``--trials 0`` measures the default pipeline (dlight rules on cuda) untuned; with trials, each row
+also times the untuned baseline (built anyway, to check the tuned modules' outputs), so the table
+says whether tuning paid at that budget (on cuda a small one did not beat dlight). ``--target cuda``
 needs a CUDA GPU here; onnxruntime always runs on the CPU (the CPU package is what is installed).
 
 Each model goes through the main job (``run_job(..., tune=N)``), so every figure of a row comes from
@@ -74,6 +76,8 @@ def main() -> None:
         parser.error(f"unknown model(s) {', '.join(unknown)}: expected {', '.join(MODELS)}")
     head = ["model", "combined as", "trials/task", "tasks base/comb (new)", "job s", "baseline ms", "combined ms",
             "onnxruntime ms", "combined/baseline", "baseline/ORT", "combined/ORT"]
+    if args.trials:  # did tuning pay at this budget: the untuned baseline (dlight on cuda), timed in the same job
+        head[7:7] = ["untuned baseline ms", "untuned/tuned"]
     rows = []
     most = args.trials  # the largest budget a reused record was tuned with
     forms = ["stack", "concat"] if args.combine_as == "both" else [args.combine_as]
@@ -89,9 +93,11 @@ def main() -> None:
             tasks = "/".join(f"{v.tuning['tasks']} ({v.tuning['tuned']})" for v in (base, comb)) if args.trials else "-"
             shape = next(iter(report.inputs.values()))  # what it ran on: a model may fix its batch
             ran = "b{} s{}".format(*shape) if len(shape) == 2 else str(tuple(shape))
+            untuned = ([f"{report.untuned.latency_s * 1e3:.2f}", f"{report.tuning_gain():.2f}x"]
+                       if args.trials else [])
             rows.append([f"{name} {ran}", form, str(args.trials or "untuned"), tasks,
                          f"{time.perf_counter() - start:.0f}",
-                         f"{base.latency_s * 1e3:.2f}", f"{comb.latency_s * 1e3:.2f}", f"{ort * 1e3:.2f}",
+                         f"{base.latency_s * 1e3:.2f}", f"{comb.latency_s * 1e3:.2f}", *untuned, f"{ort * 1e3:.2f}",
                          _ratio(report.speedup(), report.round_speedups), f"{base.latency_s / ort:.2f}x",
                          f"{comb.latency_s / ort:.2f}x"])
             print("# " + " | ".join(rows[-1]), file=sys.stderr, flush=True)  # kept if a later row is cut off

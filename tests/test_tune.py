@@ -62,6 +62,59 @@ def test_tune_tunes_both_modules_then_reuses_every_record(capsys, tmp_path):
     assert "s, some reuse records of up to 3 trials), combined" in out
 
 
+def _searchless_tuning(monkeypatch) -> dict[int, str]:
+    """``--tune`` without a search: the "tuned" modules are the default build. Returns each build's
+    name by its id ("tuned baseline", "untuned combined", ...), filled in as the job compiles."""
+    from tvm_combiners.relax.job import RelaxBackend
+
+    names: dict[int, str] = {}
+    compile_module = RelaxBackend.compile
+
+    def named(built, mod, tuned):
+        module = "baseline" if RelaxBackend().count_ops(mod).get("matmul") == 2 else "combined"
+        names[id(built)] = f"{'tuned' if tuned else 'untuned'} {module}"
+        return built
+
+    monkeypatch.setattr(RelaxBackend, "tune", lambda self, mod, target, trials, root, say: (
+        None, tuning.TuneSummary(2, 2, trials, 0.0, str(root), trials)))
+    monkeypatch.setattr(RelaxBackend, "compile_tuned", lambda self, mod, target, db: named(
+        compile_module(self, mod, target), mod, True))
+    monkeypatch.setattr(RelaxBackend, "compile", lambda self, mod, target: named(
+        compile_module(self, mod, target), mod, False))
+    return names
+
+
+@pytest.mark.parametrize("untuned_ms, gain, line", [
+    (8.0, 4.0, "tuning made the baseline 4.00x as fast as untuned\n"),
+    # a small budget on cuda: dlight's schedules were faster than 16 trials' (H100, 2026-11-25)
+    (1.0, 0.5, "tuning made the baseline 0.50x as fast as untuned: 1 trials per task do not beat TVM's default "
+               "schedules here; deploy untuned, or tune with more trials\n"),
+])
+def test_the_report_says_whether_tuning_paid(capsys, tmp_path, monkeypatch, untuned_ms, gain, line):
+    """The untuned baseline, built anyway to check the tuned modules, is timed and shown beside them."""
+    from tvm_combiners.relax.job import RelaxBackend
+
+    model = parallel_matmuls(tmp_path / "p.onnx")
+    names = _searchless_tuning(monkeypatch)
+    latency_ms = {"tuned baseline": 2.0, "tuned combined": 1.0, "untuned baseline": untuned_ms}
+    monkeypatch.setattr(RelaxBackend, "time", lambda self, built, inputs, target, repeat: (
+        latency_ms.get(names[id(built)], 1.0) / 1e3))
+    args = ["run", str(model), "--batch", "3", "--repeat", "2", "--tune", "1", "--tune-dir", str(tmp_path)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    row = next(r for r in out.splitlines() if r.startswith("baseline untuned"))
+    assert row.split()[2:3] == ["2"] and f"{untuned_ms:.2f}" in row.split(), row  # the baseline's two matmuls
+    assert line in out
+    assert main([*args, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["untuned_baseline"]["label"] == "baseline untuned"
+    assert doc["untuned_baseline"]["latency_s"] == pytest.approx(untuned_ms / 1e3)
+    assert doc["untuned_baseline"]["max_abs_diff"] <= 1e-5 and doc["tuning_gain"] == pytest.approx(gain)
+    assert main(["run", str(model), "--batch", "3", "--repeat", "2", "--json"]) == 0  # untuned: nothing to say
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["untuned_baseline"] is None and doc["tuning_gain"] is None
+
+
 @pytest.mark.parametrize("wrong, code, message", [
     ({"tuned baseline"}, 2, "the tuned baseline module's outputs differ from the untuned baseline's by "),
     ({"tuned combined"}, 2, "the tuned combined module's outputs differ from the untuned baseline's by "),
@@ -77,20 +130,8 @@ def test_a_tuned_module_computing_something_else_fails_the_job(capsys, tmp_path,
     from tvm_combiners.relax.job import RelaxBackend
 
     model = parallel_matmuls(tmp_path / "p.onnx")
-    names: dict[int, str] = {}  # build -> "tuned baseline", "untuned combined", ...
-    compile_module, run = RelaxBackend.compile, RelaxBackend.run
-
-    def named(built, mod, tuned):
-        module = "baseline" if RelaxBackend().count_ops(mod).get("matmul") == 2 else "combined"
-        names[id(built)] = f"{'tuned' if tuned else 'untuned'} {module}"
-        return built
-
-    monkeypatch.setattr(RelaxBackend, "tune", lambda self, mod, target, trials, root, say: (
-        None, tuning.TuneSummary(2, 2, trials, 0.0, str(root), trials)))
-    monkeypatch.setattr(RelaxBackend, "compile_tuned", lambda self, mod, target, db: named(
-        compile_module(self, mod, target), mod, True))
-    monkeypatch.setattr(RelaxBackend, "compile", lambda self, mod, target: named(
-        compile_module(self, mod, target), mod, False))
+    names = _searchless_tuning(monkeypatch)
+    run = RelaxBackend.run
     monkeypatch.setattr(RelaxBackend, "run", lambda self, built, inputs, target: [
         o * 2 if i == 0 and names[id(built)] in wrong else o for i, o in enumerate(run(self, built, inputs, target))])
     assert main(["run", str(model), "--batch", "3", "--repeat", "1", "--tune", "1", "--tune-dir", str(tmp_path)]) == code

@@ -88,6 +88,9 @@ class JobReport:
     round_speedups: list[float] = field(default_factory=list)  # baseline/combined, one per alternating round
     combine_as: str = "stack"  # how equal-width matmul branches combine: "stack" or "concat"
     inputs: dict[str, list[int]] = field(default_factory=dict)  # the shapes the modules ran on
+    #: Under ``--tune``: the untuned baseline (TVM's default pipeline, dlight on cuda), built for the
+    #: tuned modules' check and timed too, so the report says whether tuning paid at this budget.
+    untuned: Variant | None = None
 
     def sizes(self) -> str:
         """``batch B  seq S``; the input shapes instead where the model fixed a size that --batch/--seq asked otherwise."""
@@ -113,6 +116,11 @@ class JobReport:
                 + ["-" if v.latency_s is None else f"{v.latency_s * 1e3:.2f}"]
                 + ["-" if v.max_abs_diff is None else f"{v.max_abs_diff:.2e}"]
             )
+        if self.untuned is not None:
+            u = self.untuned
+            rows.append(["baseline untuned"] + [str(u.ops.get(k, 0)) for k in ops] + [f"{u.compile_s:.2f}"]
+                        + ["-" if u.latency_s is None else f"{u.latency_s * 1e3:.2f}"]
+                        + ["-" if u.max_abs_diff is None else f"{u.max_abs_diff:.2e}"])
         if self.ort_latency_s is not None:
             rows.append([f"onnxruntime (cpu, {self.ort_threads} thread{'s' * (self.ort_threads != 1)})"] + ["-"] * len(ops) + ["-"]
                         + [f"{self.ort_latency_s * 1e3:.2f}", "0"])
@@ -136,6 +144,11 @@ class JobReport:
             lines.append(f"tuned with MetaSchedule, up to {trials} trials per task: " + ", ".join(
                 f"{v.label} {v.tuning['tasks']} tasks ({v.tuning['tuned']} tuned now, {v.tuning['seconds']:.0f} s"
                 f"{reused(v.tuning)})" for v in tuned) + f"; records in {tuned[0].tuning['database']}")
+            paid = self.tuning_gain()
+            if paid is not None:
+                lines.append(f"tuning made the baseline {paid:.2f}x as fast as untuned" + (
+                    "" if paid >= 1 else f": {trials} trials per task do not beat TVM's default schedules"
+                    f"{' (dlight)' if self.target == 'cuda' else ''} here; deploy untuned, or tune with more trials"))
         timed = [v for v in self.variants if v.latency_s]
         if self.ort_latency_s and timed:
             lines.append("latency over onnxruntime's: " + ", ".join(f"{v.label} {v.latency_s / self.ort_latency_s:.2f}x"
@@ -154,6 +167,13 @@ class JobReport:
             return self.variants[0].latency_s / self.variants[1].latency_s
         return None
 
+    def tuning_gain(self) -> float | None:
+        """Untuned baseline latency over tuned baseline latency (> 1: tuning paid), where both were timed."""
+        tuned = self.variants[0].latency_s if self.variants else None
+        if self.untuned is None or not self.untuned.latency_s or not tuned:
+            return None
+        return self.untuned.latency_s / tuned
+
     def to_dict(self) -> dict[str, Any]:
         """The report as plain JSON values (``--json``): seconds, not milliseconds."""
         return {"ok": True, "model": self.model, "ir": self.ir, "target": self.target, "batch": self.batch,
@@ -161,7 +181,8 @@ class JobReport:
                 "speedup_rounds": list(self.round_speedups), "combine_as": self.combine_as,
                 "groups": list(self.groups), "executed": self.executed, "note": self.note,
                 "onnxruntime": {"latency_s": self.ort_latency_s, "threads": self.ort_threads},
-                "inputs": dict(self.inputs)}
+                "inputs": dict(self.inputs), "untuned_baseline": None if self.untuned is None else asdict(self.untuned),
+                "tuning_gain": self.tuning_gain()}
 
     def render(self) -> str:
         out = [f"model {self.model}  ir {self.ir}  target {self.target}  {self.sizes()}", self.table()]
@@ -231,6 +252,13 @@ class JobError(Exception):
     @property
     def exit_code(self) -> int:
         return 2 if self.bad_input else 1
+
+    def tuning_gain(self) -> float | None:
+        """Untuned baseline latency over tuned baseline latency (> 1: tuning paid), where both were timed."""
+        tuned = self.variants[0].latency_s if self.variants else None
+        if self.untuned is None or not self.untuned.latency_s or not tuned:
+            return None
+        return self.untuned.latency_s / tuned
 
     def to_dict(self) -> dict[str, Any]:
         return {"file": self.path, "stage": self.stage, "message": self.problem, "bad_input": self.bad_input,
@@ -418,6 +446,8 @@ def run_job(model_path: str | None = None, target: str = "llvm", ir: str | None 
     if runnable:
         with _stage(path, "run", "timing the modules failed", bad_input=False):
             _time_alternating(backend, runnable, inputs, target, repeat, report, progress)
+            if untuned is not None:
+                report.untuned = untuned.timed(repeat)
     with _stage(path, "reference", "onnxruntime fails to time the model", bad_input=False):
         report.ort_threads = cpu_threads()
         progress(f"timing onnxruntime ({repeat} runs, {report.ort_threads} thread{'s' * (report.ort_threads != 1)})")
@@ -526,19 +556,31 @@ class _TunedCheck:
     def __init__(self, path: str, backend: Backend, baseline: Any, inputs: dict[str, np.ndarray],
                  reference: list[np.ndarray], target: str, progress: Callable[[str], None]) -> None:
         self.path, self.backend, self.inputs, self.target, self.progress = path, backend, inputs, target, progress
-        self.plain = self._untuned("baseline", baseline)
+        self.plain, self.plain_built, compile_s = self._untuned("baseline", baseline)
         self.noise = output_diffs(self.plain, reference)  # the untuned baseline's distance from onnxruntime
+        self.variant = Variant("baseline untuned", backend.count_ops(baseline), compile_s,
+                               max_abs_diff=largest(self.noise))
 
-    def _untuned(self, label: str, mod: Any) -> list[np.ndarray]:
+    def _untuned(self, label: str, mod: Any) -> tuple[list[np.ndarray], Any, float]:
+        """The untuned module's outputs, its build, and the seconds the build took."""
         with _stage(self.path, "check", f"TVM cannot compile or run the untuned {label} module (the tuned "
                                         "modules' reference)", bad_input=label == "baseline"):
             self.progress(f"compiling and running the untuned {label}, to check the tuned modules' outputs")
-            return self.backend.run(self.backend.compile(mod, self.target), self.inputs, self.target)
+            start = time.perf_counter()
+            built = self.backend.compile(mod, self.target)
+            seconds = time.perf_counter() - start
+            return self.backend.run(built, self.inputs, self.target), built, seconds
+
+    def timed(self, repeat: int) -> Variant:
+        """The untuned baseline with its latency: the median of ``repeat`` runs."""
+        self.progress(f"timing the untuned baseline ({repeat} runs), to say whether tuning paid")
+        self.variant.latency_s = self.backend.time(self.plain_built, self.inputs, self.target, repeat)
+        return self.variant
 
     def check(self, label: str, mod: Any, tuned: list[np.ndarray], blame_tuning_only: bool = False) -> None:
         """Raise where ``tuned`` differs from the untuned baseline; with ``blame_tuning_only``, only
         where ``mod`` untuned matches it (else the combiner is at fault: the caller says so)."""
-        if blame_tuning_only and _difference(self._untuned(label, mod), self.plain, self.noise, 1e-4, "", ""):
+        if blame_tuning_only and _difference(self._untuned(label, mod)[0], self.plain, self.noise, 1e-4, "", ""):
             return
         problem = _difference(tuned, self.plain, self.noise, 1e-4, f"the tuned {label} module",
                               "the untuned baseline's")
