@@ -1,7 +1,7 @@
 """Tuned latency: baseline vs combined vs onnxruntime, MetaSchedule with the same budget per task.
 
     .venv/bin/python benchmarks/bench_tuned.py [--trials N] [--models minilm,bert-base] [--tune-dir DIR]
-        [--target llvm|cuda] [--batches 1,8] [--combine-as stack|concat|both]
+        [--target llvm|cuda] [--batches 1,8] [--combine-as stack|concat|both] [--tune-tasks all|gemm]
 
 ``--trials 0`` measures the default pipeline (dlight rules on cuda) untuned; with trials, each row
 also times the untuned baseline (built anyway, to check the tuned modules' outputs), so the table
@@ -45,6 +45,12 @@ def _model_path(key: str, tmp: Path) -> str | None:
     return str(path)
 
 
+def _tasks(tuning: dict) -> str:
+    """``19 (3)``: a module's tasks (those tuned in this run); ``6/19 (3)`` where only GEMMs were chosen."""
+    chosen = "" if tuning.get("selected") is None else f"{tuning['selected']}/"
+    return f"{chosen}{tuning['tasks']} ({tuning['tuned']})"
+
+
 def _ratio(median: float, rounds: list[float]) -> str:
     """The median of the alternating rounds' ratios, with their range (the run-to-run noise)."""
     return f"{median:.3f}x ({min(rounds):.2f}-{max(rounds):.2f})" if len(rounds) > 1 else f"{median:.3f}x"
@@ -58,6 +64,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=10, help="timed runs per module (median)")
     parser.add_argument("--target", choices=["llvm", "cuda"], default="llvm")
     parser.add_argument("--batches", default="1", help="comma-separated batch sizes (default 1)")
+    parser.add_argument("--tune-tasks", choices=["all", "gemm"], default="all",
+                        help="tune every task, or only the GEMMs and convolutions (the rest: TVM's default schedules)")
     parser.add_argument("--combine-as", choices=["stack", "concat", "both"], default="both",
                         help="equal-width matmuls become one batched matmul (stack), one wide GEMM (concat), or a "
                              "row of each (both, the default)")
@@ -86,11 +94,12 @@ def main() -> None:
             name, seq = MODELS[key]
             start = time.perf_counter()
             report = run_job(_model_path(key, Path(tmp)), args.target, "relax", batch, seq, True, args.repeat,
-                             tune=args.trials or None, tune_dir=args.tune_dir, stack=form == "stack")
+                             tune=args.trials or None, tune_dir=args.tune_dir, stack=form == "stack",
+                             tune_tasks=args.tune_tasks)
             base, comb = report.variants
             most = max([most] + [v.tuning["most_trials"] for v in (base, comb) if v.tuning])
             ort = report.ort_latency_s
-            tasks = "/".join(f"{v.tuning['tasks']} ({v.tuning['tuned']})" for v in (base, comb)) if args.trials else "-"
+            tasks = "/".join(_tasks(v.tuning) for v in (base, comb)) if args.trials else "-"
             shape = next(iter(report.inputs.values()))  # what it ran on: a model may fix its batch
             ran = "b{} s{}".format(*shape) if len(shape) == 2 else str(tuple(shape))
             untuned = ([f"{report.untuned.latency_s * 1e3:.2f}", f"{report.tuning_gain():.2f}x"]
@@ -103,7 +112,8 @@ def main() -> None:
             print("# " + " | ".join(rows[-1]), file=sys.stderr, flush=True)  # kept if a later row is cut off
     budget = ("same budget for both modules" if most == args.trials else
               f"but some tasks reuse records of up to {most} trials from --tune-dir: budgets differ")
-    how = (f"tuned with MetaSchedule ({args.trials} trials per task, {budget})" if args.trials
+    which = ", GEMM and convolution tasks only" if args.tune_tasks == "gemm" else ""
+    how = (f"tuned with MetaSchedule ({args.trials} trials per task{which}, {budget})" if args.trials
            else "default pipeline, untuned" + (" (dlight)" if args.target == "cuda" else ""))
     print(f"{args.target}, {how}; onnxruntime on the CPU with TVM's thread count; "
           f"combined/baseline > 1 means combined is faster; stack: one batched matmul over stacked weights, "

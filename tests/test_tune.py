@@ -22,20 +22,30 @@ def _run_json(capsys, *args: str) -> tuple[dict, str]:
 
 
 def test_tune_tunes_both_modules_then_reuses_every_record(capsys, tmp_path):
+    """First with ``--tune-tasks gemm`` (the combined module's split is a task of its own, left
+    untuned), then every task: only the split is new."""
     model = parallel_matmuls(tmp_path / "p.onnx")
     records = tmp_path / "records"
     args = (str(model), "--batch", "3", "--repeat", "1", "--tune", "2", "--tune-dir", str(records))
+    gemms, err = _run_json(capsys, *args, "--tune-tasks", "gemm")
+    baseline, combined = (v["tuning"] for v in gemms["variants"])
+    assert (baseline["tasks"], baseline["selected"], baseline["tuned"]) == (2, 2, 2)  # two matmul+add tasks
+    assert combined["tasks"] > combined["selected"] == combined["tuned"] == 1  # its GEMM is new, its split is left
+    assert f"{combined['tasks']} MetaSchedule tasks (1 of them GEMMs or convolutions, the rest left" in err
+    assert "tuning task 1/2" in err and "trials" in err
+    folder = tuning.tune_dir(records, tuning.tuning_target(make_target("llvm")))
+    assert len(tuning._recorded(tuning._open_database(folder))) == 3  # the three GEMM tasks, nothing of the split
+
     doc, err = _run_json(capsys, *args)
     baseline, combined = doc["variants"]
-    folder = tuning.tune_dir(records, tuning.tuning_target(make_target("llvm")))
     for v in (baseline, combined):
         assert v["tuning"]["trials_per_task"] == 2 and v["tuning"]["database"] == str(folder)
         assert v["max_abs_diff"] <= 1e-5  # tuned kernels still compute what onnxruntime does
-    # the baseline's two matmul+add tasks are new; the combined module's one wider GEMM (and its
-    # split) are tasks of their own
-    assert baseline["tuning"]["tasks"] == baseline["tuning"]["tuned"] == 2
-    assert combined["tuning"]["tuned"] >= 1
-    assert "tuning task 1/2" in err and "trials" in err
+        assert v["tuning"]["selected"] is None  # every task
+    # the baseline's two matmul+add tasks were tuned above; of the combined module's wider GEMM
+    # and its split, only the split is new
+    assert baseline["tuning"]["tasks"] == 2 and baseline["tuning"]["tuned"] == 0
+    assert combined["tuning"]["tasks"] == gemms["variants"][1]["tuning"]["tasks"] and combined["tuning"]["tuned"] == 1
     assert (folder / "database_tuning_record.json").stat().st_size > 0
 
     again, err = _run_json(capsys, *args)
@@ -75,13 +85,24 @@ def _searchless_tuning(monkeypatch) -> dict[int, str]:
         names[id(built)] = f"{'tuned' if tuned else 'untuned'} {module}"
         return built
 
-    monkeypatch.setattr(RelaxBackend, "tune", lambda self, mod, target, trials, root, say: (
+    monkeypatch.setattr(RelaxBackend, "tune", lambda self, mod, target, trials, root, say, tasks: (
         None, tuning.TuneSummary(2, 2, trials, 0.0, str(root), trials)))
     monkeypatch.setattr(RelaxBackend, "compile_tuned", lambda self, mod, target, db: named(
         compile_module(self, mod, target), mod, True))
     monkeypatch.setattr(RelaxBackend, "compile", lambda self, mod, target: named(
         compile_module(self, mod, target), mod, False))
     return names
+
+
+@pytest.mark.parametrize("name, gemm", [
+    ("fused_matmul3_add4_divide1_erf_add5_multiply1_multiply2", True), ("matmul2", True),
+    ("fused_batch_matmul_add", True), ("fused_conv2d_nchw_add_relu", True), ("fused_nn_dense_add", True),
+    ("layer_norm", False), ("softmax", False), ("fused_reshape_transpose", False), ("split", False),
+    ("fused_maximum_divide2_concatenate", False), ("take1", False), ("fused_convert_add", False),
+])
+def test_gemm_tasks_are_told_by_their_ops_names(name, gemm):
+    """The task names of MiniLM-L3's modules (TVM names a fused function after its ops)."""
+    assert tuning.is_gemm_task(name) is gemm
 
 
 @pytest.mark.parametrize("untuned_ms, gain, line", [
@@ -147,6 +168,7 @@ def test_a_tuned_module_computing_something_else_fails_the_job(capsys, tmp_path,
     # MetaSchedule counts all trials in 32 bits: 2147483647 on 2 tasks ran none, reported as tuned (review)
     (["--tune", "2147483647"], "--tune must be at most 100000, got 2147483647"),
     (["--tune-dir", "x"], "--tune-dir needs --tune"),  # was ignored
+    (["--tune-tasks", "gemm"], "--tune-tasks needs --tune"),
     (["--tune", "1", "--tune-dir", ""], "--tune-dir must name a folder"),  # was the default folder
 ])
 def test_tune_options_are_checked(capsys, tmp_path, options, error):

@@ -90,6 +90,9 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
                      help="tune every module with MetaSchedule, TRIALS per task (Relax); records are kept and reused")
     run.add_argument("--tune-dir", default=None, metavar="DIR",
                      help="where tuning records live (default: $TVM_COMBINERS_TUNE_DIR or ~/.cache/tvm_combiners/tune)")
+    run.add_argument("--tune-tasks", choices=["all", "gemm"], default=None,
+                     help="which tasks --tune tunes: all (the default), or gemm: GEMMs and convolutions only, the "
+                          "rest keeping TVM's default schedules (dlight on cuda); a fraction of the tuning time")
     run.add_argument("--json", action="store_true", help="print one JSON document on stdout instead of the table")
     run.add_argument("--debug", action="store_true", help="show the traceback of an error")
 
@@ -133,9 +136,12 @@ def _run(args: argparse.Namespace) -> int:
             return _setup_error(args, f"--{name} must be at most {most}, got {value}")
     if args.tune_dir is not None and (args.tune is None or not args.tune_dir):
         return _setup_error(args, "--tune-dir needs --tune" if args.tune is None else "--tune-dir must name a folder")
+    if args.tune_tasks is not None and args.tune is None:
+        return _setup_error(args, "--tune-tasks needs --tune")
     try:
         report = run_job(args.model, args.target, args.ir, args.batch, args.seq, not args.no_combine, args.repeat,
-                         tune=args.tune, tune_dir=args.tune_dir, stack=args.combine_as == "stack")
+                         tune=args.tune, tune_dir=args.tune_dir, stack=args.combine_as == "stack",
+                         tune_tasks=args.tune_tasks or "all")
     except JobError as err:
         line = str(err)
         if not err.bad_input:

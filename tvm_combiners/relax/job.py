@@ -47,10 +47,10 @@ class RelaxBackend:
 
         return tuning.folder_problem(root, runner.make_target(target))
 
-    def tune(self, mod: Any, target: str, trials: int, root: str | None, say: Any) -> tuple[Any, Any]:
+    def tune(self, mod: Any, target: str, trials: int, root: str | None, say: Any, tasks: str) -> tuple[Any, Any]:
         from . import tuning
 
-        return tuning.tune(mod, runner.make_target(target), trials, root, say)
+        return tuning.tune(mod, runner.make_target(target), trials, root, say, tasks)
 
     def compile_tuned(self, mod: Any, target: str, database: Any) -> Any:
         from . import tuning

@@ -45,6 +45,20 @@ class TuneSummary:
     seconds: float
     database: str
     most_trials: int  # the largest budget its tasks' records were tuned with (reused, from earlier runs)
+    selected: int | None = None  # the tasks ``--tune-tasks`` chose (None: every task)
+
+
+#: What ``--tune-tasks`` may choose: every task, or only the GEMMs and convolutions.
+TASK_CHOICES = ("all", "gemm")
+#: Words of a fused function's name (TVM names it after its ops) that make it a GEMM task.
+_GEMM_WORDS = re.compile(r"(^|_)(matmul|dense)\d*(_|$)|(^|_)conv\d")
+
+
+def is_gemm_task(name: str) -> bool:
+    """Whether a task (``fused_matmul3_add4_gelu``, ``matmul2``, ``conv2d_nchw``) holds a GEMM or a
+    convolution: the ops combining changes, and those TVM's default cuda schedules (dlight) leave the
+    most to gain on; layer norms, softmax and the elementwise rest are left to those."""
+    return _GEMM_WORDS.search(name) is not None
 
 
 def tuning_target(target: tvm.target.Target) -> tvm.target.Target:
@@ -283,13 +297,17 @@ def _search_strategy(trials: int) -> Any:
 
 
 def tune(mod: tvm.IRModule, target: tvm.target.Target, trials: int, root: str | os.PathLike | None = None,
-         say: Callable[[str], None] = lambda msg: None) -> tuple[Any, TuneSummary]:
+         say: Callable[[str], None] = lambda msg: None, tasks: str = "all") -> tuple[Any, TuneSummary]:
     """Tune the tasks of ``mod`` the database lacks (or got fewer trials), ``trials`` each.
 
-    Returns (database, summary).
+    ``tasks="gemm"`` tunes only the GEMM and convolution tasks (:func:`is_gemm_task`); the others
+    compile with TVM's default schedules (dlight on cuda): a fraction of the tuning time. Returns
+    (database, summary).
     """
     if isinstance(trials, bool) or not isinstance(trials, int) or not 1 <= trials <= MAX_TRIALS:
         raise ValueError(f"tune: trials must be an int from 1 to {MAX_TRIALS}, got {trials!r}")
+    if tasks not in TASK_CHOICES:
+        raise ValueError(f"tune: tasks must be one of {', '.join(TASK_CHOICES)}, got {tasks!r}")
     start = time.perf_counter()
     # MetaSchedule's console log goes to stdout (it would break --json): keep it in the log files only
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
@@ -298,18 +316,21 @@ def tune(mod: tvm.IRModule, target: tvm.target.Target, trials: int, root: str | 
     folder.mkdir(parents=True, exist_ok=True)
     with _exclusive(folder, say):
         db = _open_database(folder)
-        return db, _tune_tasks(db, mod, target, trials, folder, say, start)
+        return db, _tune_tasks(db, mod, target, trials, folder, say, start, tasks == "gemm")
 
 
 def _tune_tasks(db: Any, mod: tvm.IRModule, target: tvm.target.Target, trials: int, folder: Path,
-                say: Callable[[str], None], start: float) -> TuneSummary:
+                say: Callable[[str], None], start: float, gemm_only: bool) -> TuneSummary:
     ms = _ms()
-    tasks = ms.relax_integration.extract_tasks(_fused(mod, target), target)
+    every = ms.relax_integration.extract_tasks(_fused(mod, target), target)
+    tasks = [t for t in every if is_gemm_task(t.task_name)] if gemm_only else list(every)
     ledger = _read_ledger(folder)
     keys = [_task_key(t) for t in tasks]
     recorded = _recorded(db)
     new = [(t, k) for t, k in zip(tasks, keys) if _needs_tuning(recorded, k, ledger.get(k, 0), trials)]
-    say(f"{len(tasks)} MetaSchedule tasks, {len(new)} to tune (new, or tuned with fewer than {trials} trials) in {folder}")
+    chosen = f" ({len(tasks)} of them GEMMs or convolutions, the rest left to TVM's default schedules)" if gemm_only else ""
+    say(f"{len(every)} MetaSchedule tasks{chosen}, {len(new)} to tune (new, or tuned with fewer than {trials} trials) "
+        f"in {folder}")
     if new:
         _import_tensor_intrinsics()
         todo = [t for t, _ in new]
@@ -326,7 +347,8 @@ def _tune_tasks(db: Any, mod: tvm.IRModule, target: tvm.target.Target, trials: i
         (folder / LEDGER).write_text(json.dumps(ledger, indent=1, sort_keys=True))
         say(f"tuned {len(new)} tasks in {time.perf_counter() - start:.0f} s")
     most = max((ledger.get(k, trials) for k in keys), default=trials)
-    return TuneSummary(len(tasks), len(new), trials, time.perf_counter() - start, str(folder), most)
+    return TuneSummary(len(every), len(new), trials, time.perf_counter() - start, str(folder), most,
+                       len(tasks) if gemm_only else None)
 
 
 @contextlib.contextmanager

@@ -29,7 +29,7 @@ class RelayBackend:
     def tune_problem(self, target: str, root: str | None) -> str | None:
         return "--tune uses MetaSchedule over Relax: run it with --ir relax (the main environment)"
 
-    def tune(self, mod: Any, target: str, trials: int, root: str | None, say: Any) -> tuple[Any, Any]:
+    def tune(self, mod: Any, target: str, trials: int, root: str | None, say: Any, tasks: str) -> tuple[Any, Any]:
         raise NotImplementedError(self.tune_problem(target, None))
 
     def compile_tuned(self, mod: Any, target: str, database: Any) -> Any:
