@@ -259,13 +259,6 @@ class JobError(Exception):
     def exit_code(self) -> int:
         return 2 if self.bad_input else 1
 
-    def tuning_gain(self) -> float | None:
-        """Untuned baseline latency over tuned baseline latency (> 1: tuning paid), where both were timed."""
-        tuned = self.variants[0].latency_s if self.variants else None
-        if self.untuned is None or not self.untuned.latency_s or not tuned:
-            return None
-        return self.untuned.latency_s / tuned
-
     def to_dict(self) -> dict[str, Any]:
         return {"file": self.path, "stage": self.stage, "message": self.problem, "bad_input": self.bad_input,
                 "exit_code": self.exit_code}
