@@ -46,8 +46,8 @@ def _model_path(key: str, tmp: Path) -> str | None:
 
 
 def _tasks(tuning: dict) -> str:
-    """``19 (3)``: a module's tasks (those tuned in this run); ``6/19 (3)`` where only GEMMs were chosen."""
-    chosen = "" if tuning.get("selected") is None else f"{tuning['selected']}/"
+    """``19 (3)``: a module's tasks (those tuned in this run); ``6 of 19 (3)`` where only GEMMs were chosen."""
+    chosen = "" if tuning.get("selected") is None else f"{tuning['selected']} of "
     return f"{chosen}{tuning['tasks']} ({tuning['tuned']})"
 
 
@@ -82,7 +82,7 @@ def main() -> None:
     unknown = [k for k in keys if k not in MODELS]
     if unknown:
         parser.error(f"unknown model(s) {', '.join(unknown)}: expected {', '.join(MODELS)}")
-    head = ["model", "combined as", "trials/task", "tasks base/comb (new)", "job s", "baseline ms", "combined ms",
+    head = ["model", "combined as", "trials/task", "tasks base, comb (new)", "job s", "baseline ms", "combined ms",
             "onnxruntime ms", "combined/baseline", "baseline/ORT", "combined/ORT"]
     if args.trials:  # did tuning pay at this budget: the untuned baseline (dlight on cuda), timed in the same job
         head[7:7] = ["untuned baseline ms", "untuned/tuned"]
@@ -99,7 +99,7 @@ def main() -> None:
             base, comb = report.variants
             most = max([most] + [v.tuning["most_trials"] for v in (base, comb) if v.tuning])
             ort = report.ort_latency_s
-            tasks = "/".join(_tasks(v.tuning) for v in (base, comb)) if args.trials else "-"
+            tasks = ", ".join(_tasks(v.tuning) for v in (base, comb)) if args.trials else "-"
             shape = next(iter(report.inputs.values()))  # what it ran on: a model may fix its batch
             ran = "b{} s{}".format(*shape) if len(shape) == 2 else str(tuple(shape))
             untuned = ([f"{report.untuned.latency_s * 1e3:.2f}", f"{report.tuning_gain():.2f}x"]
