@@ -320,7 +320,7 @@ def tune(mod: tvm.IRModule, target: tvm.target.Target, trials: int, root: str | 
 
 
 def _tune_tasks(db: Any, mod: tvm.IRModule, target: tvm.target.Target, trials: int, folder: Path,
-                say: Callable[[str], None], start: float, gemm_only: bool) -> TuneSummary:
+                say: Callable[[str], None], start: float, gemm_only: bool = False) -> TuneSummary:
     ms = _ms()
     every = ms.relax_integration.extract_tasks(_fused(mod, target), target)
     tasks = [t for t in every if is_gemm_task(t.task_name)] if gemm_only else list(every)
