@@ -72,6 +72,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.trials < 0:
         parser.error(f"--trials must be 0 (untuned) or positive, got {args.trials}")
+    if args.trials == 0 and args.tune_tasks != "all":
+        parser.error("--tune-tasks chooses what to tune: it needs --trials above 0")
     batches = [int(b) for b in args.batches.split(",") if b.strip()]
     if args.target == "cuda":
         from tvm_combiners.relax.runner import has_gpu

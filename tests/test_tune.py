@@ -21,7 +21,7 @@ def _run_json(capsys, *args: str) -> tuple[dict, str]:
     return json.loads(out), err  # stdout stays one JSON document: MetaSchedule's log is kept off it
 
 
-def test_tune_tunes_both_modules_then_reuses_every_record(capsys, tmp_path):
+def test_tune_tunes_both_modules_then_reuses_every_record(capsys, tmp_path, monkeypatch):
     """First with ``--tune-tasks gemm`` (the combined module's split is a task of its own, left
     untuned), then every task: only the split is new."""
     model = parallel_matmuls(tmp_path / "p.onnx")
@@ -71,6 +71,17 @@ def test_tune_tunes_both_modules_then_reuses_every_record(capsys, tmp_path):
     assert "tuned with MetaSchedule, up to 2 trials per task: baseline 2 tasks (0 tuned now, " in out
     assert "s, some reuse records of up to 3 trials), combined" in out
 
+    # GEMMs only once more: the split's record (tuned by the all-tasks runs) is not applied (review: the
+    # whole database was, so records the GEMM-only run says it leaves out were compiled in)
+    from tvm_combiners.relax.job import RelaxBackend
+
+    applied, compile_tuned = [], RelaxBackend.compile_tuned
+    monkeypatch.setattr(RelaxBackend, "compile_tuned", lambda self, mod, target, db: (
+        applied.append(len(db.get_all_tuning_records())), compile_tuned(self, mod, target, db))[1])
+    again, _ = _run_json(capsys, *args, "--tune-tasks", "gemm")
+    assert applied == [2, 1]  # the baseline's two GEMMs, the combined module's one (not its split)
+    assert all(v["max_abs_diff"] <= 1e-5 for v in again["variants"])
+
 
 def _searchless_tuning(monkeypatch) -> dict[int, str]:
     """``--tune`` without a search: the "tuned" modules are the default build. Returns each build's
@@ -92,6 +103,14 @@ def _searchless_tuning(monkeypatch) -> dict[int, str]:
     monkeypatch.setattr(RelaxBackend, "compile", lambda self, mod, target: named(
         compile_module(self, mod, target), mod, False))
     return names
+
+
+def test_an_unknown_tune_tasks_is_refused_before_any_work():
+    from tvm_combiners.main_job import JobError, run_job
+
+    with pytest.raises(JobError, match=r"^unknown tune_tasks 'GEMM': expected one of all, gemm$") as err:
+        run_job("no-such-model.onnx", tune=1, tune_tasks="GEMM")
+    assert err.value.exit_code == 2
 
 
 @pytest.mark.parametrize("name, gemm", [
@@ -225,7 +244,7 @@ def test_a_task_tuned_again_keeps_the_budget_it_got(tmp_path, monkeypatch):
     monkeypatch.setattr(tuning, "_builder", lambda kind: None)
     monkeypatch.setattr(tuning, "_runner", lambda: None)
     (tmp_path / tuning.LEDGER).write_text('{"k": 1000}')
-    summary = tuning._tune_tasks(None, None, make_target("llvm"), 2, tmp_path, lambda msg: None, 0.0)
+    summary, _ = tuning._tune_tasks(None, None, make_target("llvm"), 2, tmp_path, lambda msg: None, 0.0)
     assert json.loads((tmp_path / tuning.LEDGER).read_text()) == {"k": 2}
     assert (summary.tuned, summary.most_trials) == (1, 2)
 

@@ -67,6 +67,8 @@ class Variant:
 
 #: The most trials per task ``--tune`` takes: MetaSchedule counts the trials of all tasks in 32 bits.
 MAX_TRIALS = 100_000
+#: What ``--tune-tasks`` may choose: every task, or only the GEMMs and convolutions.
+TUNE_TASKS = ("all", "gemm")
 
 
 def input_shapes(inputs: Mapping[str, Sequence[int]]) -> str:
@@ -366,6 +368,8 @@ def run_job(model_path: str | None = None, target: str = "llvm", ir: str | None 
 
     if target not in ("llvm", "cuda"):
         raise JobError(None, "setup", f"unknown target {target!r}: expected 'llvm' or 'cuda'")
+    if tune_tasks not in TUNE_TASKS:
+        raise JobError(None, "setup", f"unknown tune_tasks {tune_tasks!r}: expected one of {', '.join(TUNE_TASKS)}")
     ir = ir or default_ir()
     backend = _backend(ir)
     problem = backend.target_problem(target)
@@ -446,9 +450,10 @@ def run_job(model_path: str | None = None, target: str = "llvm", ir: str | None 
             raise
     if runnable:
         with _stage(path, "run", "timing the modules failed", bad_input=False):
-            _time_alternating(backend, runnable, inputs, target, repeat, report, progress)
-            if untuned is not None:
-                report.untuned = untuned.timed(repeat)
+            # the untuned baseline in the same rounds: its ratio to the tuned one decides "deploy untuned"
+            extra = [] if untuned is None else [(untuned.variant, untuned.plain_built)]
+            _time_alternating(backend, runnable, inputs, target, repeat, report, progress, extra)
+            report.untuned = None if untuned is None else untuned.variant
     with _stage(path, "reference", "onnxruntime fails to time the model", bad_input=False):
         report.ort_threads = cpu_threads()
         progress(f"timing onnxruntime ({repeat} runs, {report.ort_threads} thread{'s' * (report.ort_threads != 1)})")
@@ -461,23 +466,26 @@ ROUNDS = 10
 
 
 def _time_alternating(backend: Backend, runnable: list[tuple[Variant, Any]], inputs: dict[str, np.ndarray],
-                      target: str, repeat: int, report: JobReport, progress: Any) -> None:
-    """``repeat`` timed runs per module, in rounds that time every module back to back.
+                      target: str, repeat: int, report: JobReport, progress: Any,
+                      extra: list[tuple[Variant, Any]] = ()) -> None:
+    """``repeat`` timed runs per module, in rounds that time every module back to back (``extra``
+    ones too, outside the speedup).
 
     A latency is the median of its rounds' medians; the speedup, the median of the rounds' ratios.
     """
+    timed = [*runnable, *extra]
     rounds = max(1, min(ROUNDS, repeat))
     runs = -(-repeat // rounds)  # at least ``repeat`` runs in all
-    labels = " and ".join(v.label for v, _ in runnable)
+    labels = ", ".join(v.label for v, _ in timed)
     progress(f"timing {labels}: {rounds} alternating round{'s' * (rounds > 1)} of {runs} run{'s' * (runs > 1)} each")
-    samples: list[list[float]] = [[] for _ in runnable]
+    samples: list[list[float]] = [[] for _ in timed]
     for _ in range(rounds):
-        for times, (_variant, built) in zip(samples, runnable):
+        for times, (_variant, built) in zip(samples, timed):
             times.append(backend.time(built, inputs, target, runs))
-    for (variant, _), times in zip(runnable, samples):
+    for (variant, _), times in zip(timed, samples):
         variant.latency_s = float(np.median(times))
     if len(runnable) == 2:
-        report.round_speedups = [b / c for b, c in zip(*samples)]
+        report.round_speedups = [b / c for b, c in zip(*samples[:2])]
 
 
 #: The smallest output scale the check's tolerance is relative to: an output of all zeros may still
@@ -571,12 +579,6 @@ class _TunedCheck:
             built = self.backend.compile(mod, self.target)
             seconds = time.perf_counter() - start
             return self.backend.run(built, self.inputs, self.target), built, seconds
-
-    def timed(self, repeat: int) -> Variant:
-        """The untuned baseline with its latency: the median of ``repeat`` runs."""
-        self.progress(f"timing the untuned baseline ({repeat} runs), to say whether tuning paid")
-        self.variant.latency_s = self.backend.time(self.plain_built, self.inputs, self.target, repeat)
-        return self.variant
 
     def check(self, label: str, mod: Any, tuned: list[np.ndarray], blame_tuning_only: bool = False) -> None:
         """Raise where ``tuned`` differs from the untuned baseline; with ``blame_tuning_only``, only

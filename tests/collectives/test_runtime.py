@@ -558,6 +558,16 @@ def test_rank_error_reads_traceback_or_abort() -> None:
     assert rank_error(said) is None
     assert rank_error(said + "Traceback (most recent call last):\n  File x\nValueError: the real crash\n") == (
         "ValueError: the real crash")
+    # what the rank wrote down beats what its stderr still shows (a handled traceback; the last lines
+    # may be lost), but not the runtime's line for an error TVM 0.16 lost
+    assert rank_error(text, "sends never received after 2 s: channel 5 from rank 0 to rank 1") == (
+        "sends never received after 2 s: channel 5 from rank 0 to rank 1")
+    assert rank_error(said + lost, "TVMError:") == "TimeoutError: tvm_combiners.recv: channel 2: nothing came"
+    assert rank_error("", "ValueError: x") == "ValueError: x"
+    # under rank_main every uncaught exception is recorded: a traceback it did not record was handled
+    assert rank_error(text, None, records_errors=True) == "Abort(1) on node 1"
+    assert rank_error("Traceback (most recent call last):\n  File x\nKeyError: 'k'\n", None, True) is None
+    assert rank_error("Fatal Python error: Aborted\n", None, True) == "Fatal Python error: Aborted"
 
 
 def test_each_rank_runs_on_its_own_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -899,23 +909,35 @@ def test_a_large_send_nobody_receives_fails_the_job_naming_it(tmp_path: Path) ->
             in proc.stderr), proc.stderr[-3000:]
 
 
-_STDERR_LOST = "import os\nos.dup2(os.open(os.devnull, os.O_WRONLY), 2)\n"  # a rank whose stderr never reaches launch
+_UNRECEIVED = "    F.send_np('send', '0,1', 5, np.zeros(1 << 18, 'float32'))\n"  # 1 MiB nobody receives
 
 
 @pytest.mark.parametrize("failure, error", [
-    ("if rank() == 1:\n    raise ValueError('only in the file')\n", "rank 1 failed: ValueError: only in the file"),
-    ("if rank() == 0:\n    F.send_np('send', '0,1', 5, np.zeros(1 << 18, 'float32'))\nelse:\n    time.sleep(20)\n",
+    ("lose_stderr()\nif rank() == 1:\n    raise ValueError('only in the file')\n",
+     "rank 1 failed: ValueError: only in the file"),
+    (f"lose_stderr()\nif rank() == 0:\n{_UNRECEIVED}else:\n    time.sleep(20)\n",
      "rank 0 failed: sends never received after 2 s: channel 5 from rank 0 to rank 1"),
-], ids=["exception", "unreceived_send"])
+    # the first reason stays: the drain's abort over the send the exception left behind wrote over it (review)
+    (f"lose_stderr()\nif rank() == 0:\n{_UNRECEIVED}    raise ValueError('the real error')\ntime.sleep(20)\n",
+     "rank 0 failed: ValueError: the real error"),
+    # a traceback handled earlier is not taken for the lost reason (review: it was reported instead)
+    ("try:\n    import does_not_exist\nexcept ImportError:\n    traceback.print_exc()\nlose_stderr()\n"
+     f"if rank() == 0:\n{_UNRECEIVED}else:\n    time.sleep(20)\n",
+     "rank 0 failed: sends never received after 2 s: channel 5 from rank 0 to rank 1"),
+    ("lose_stderr()\nif rank() == 1:\n    sys.exit('stopped: no input')\n", "rank 1 failed: stopped: no input"),
+], ids=["exception", "unreceived_send", "exception_then_drain", "handled_traceback_before", "sys_exit_message"])
 def test_a_failure_whose_stderr_is_lost_is_still_named(failure: str, error: str, tmp_path: Path) -> None:
     """MPI_Abort may end the job before mpiexec forwards a rank's last stderr lines (CI, 2026-11-26: a send
-    nobody received was reported as 'no rank reported an error'); each rank also writes its reason down."""
+    nobody received was reported as 'no rank reported an error'); each rank also writes its reason down.
+    ``lose_stderr()``: from there on nothing of the rank's stderr reaches launch."""
     (tmp_path / "prog.py").write_text(
-        _STDERR_LOST + "import time\nimport numpy as np\n"
-        "from tvm_combiners.collectives.runtime import functions as F, rank\n" + failure)
+        "import os, sys, time, traceback\nimport numpy as np\n"
+        "from tvm_combiners.collectives.runtime import functions as F, rank\n"
+        "def lose_stderr():\n    sys.stderr.flush()\n    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)\n" + failure)
     proc = _launch_two(tmp_path, "2")
     assert proc.returncode == 1, proc.stderr[-3000:]
-    assert "[rank" not in proc.stderr, proc.stderr[-3000:]  # nothing came through stderr
+    assert "tvm-combiners launch: rank" not in proc.stderr.replace(f"tvm-combiners launch: {error}\n", ""), (
+        proc.stderr[-3000:])  # the other rank, stopped by the abort, is not named
     assert f"tvm-combiners launch: {error}\n" in proc.stderr, proc.stderr[-3000:]
 
 

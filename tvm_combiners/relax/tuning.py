@@ -28,7 +28,7 @@ from typing import Any
 
 import tvm
 
-from ..main_job import MAX_TRIALS, UserError
+from ..main_job import MAX_TRIALS, TUNE_TASKS, UserError
 from ..models.loader import first_line
 
 #: Where tuning records live unless ``--tune-dir`` (or ``TVM_COMBINERS_TUNE_DIR``) says otherwise.
@@ -48,8 +48,6 @@ class TuneSummary:
     selected: int | None = None  # the tasks ``--tune-tasks`` chose (None: every task)
 
 
-#: What ``--tune-tasks`` may choose: every task, or only the GEMMs and convolutions.
-TASK_CHOICES = ("all", "gemm")
 #: Words of a fused function's name (TVM names it after its ops) that make it a GEMM task.
 _GEMM_WORDS = re.compile(r"(^|_)(matmul|dense)\d*(_|$)|(^|_)conv\d")
 
@@ -302,12 +300,13 @@ def tune(mod: tvm.IRModule, target: tvm.target.Target, trials: int, root: str | 
 
     ``tasks="gemm"`` tunes only the GEMM and convolution tasks (:func:`is_gemm_task`); the others
     compile with TVM's default schedules (dlight on cuda): a fraction of the tuning time. Returns
-    (database, summary).
+    (the database to compile with, summary); with ``tasks="gemm"`` it holds only the chosen tasks'
+    best records, so that records of the other tasks (an earlier all-tasks run's) are not applied.
     """
     if isinstance(trials, bool) or not isinstance(trials, int) or not 1 <= trials <= MAX_TRIALS:
         raise ValueError(f"tune: trials must be an int from 1 to {MAX_TRIALS}, got {trials!r}")
-    if tasks not in TASK_CHOICES:
-        raise ValueError(f"tune: tasks must be one of {', '.join(TASK_CHOICES)}, got {tasks!r}")
+    if tasks not in TUNE_TASKS:
+        raise ValueError(f"tune: tasks must be one of {', '.join(TUNE_TASKS)}, got {tasks!r}")
     start = time.perf_counter()
     # MetaSchedule's console log goes to stdout (it would break --json): keep it in the log files only
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
@@ -316,11 +315,27 @@ def tune(mod: tvm.IRModule, target: tvm.target.Target, trials: int, root: str | 
     folder.mkdir(parents=True, exist_ok=True)
     with _exclusive(folder, say):
         db = _open_database(folder)
-        return db, _tune_tasks(db, mod, target, trials, folder, say, start, tasks == "gemm")
+        summary, chosen = _tune_tasks(db, mod, target, trials, folder, say, start, tasks == "gemm")
+        return (db if tasks == "all" else _best_records(db, chosen)), summary
+
+
+def _best_records(db: Any, tasks: list[Any]) -> Any:
+    """An in-memory database of the best record ``db`` holds for each of ``tasks``, and nothing else."""
+    ms = _ms()
+    chosen = ms.database.MemoryDatabase()
+    for task in tasks:
+        mod = task.dispatched[0]
+        if not db.has_workload(mod):
+            continue
+        for best in db.get_top_k(db.commit_workload(mod), 1):  # has_workload: commit only looks it up
+            chosen.commit_tuning_record(ms.database.TuningRecord(
+                best.trace, chosen.commit_workload(mod), best.run_secs, best.target, best.args_info))
+    return chosen
 
 
 def _tune_tasks(db: Any, mod: tvm.IRModule, target: tvm.target.Target, trials: int, folder: Path,
-                say: Callable[[str], None], start: float, gemm_only: bool = False) -> TuneSummary:
+                say: Callable[[str], None], start: float, gemm_only: bool = False) -> tuple[TuneSummary, list[Any]]:
+    """Tune the chosen tasks the database lacks; returns the summary and the chosen tasks."""
     ms = _ms()
     every = ms.relax_integration.extract_tasks(_fused(mod, target), target)
     tasks = [t for t in every if is_gemm_task(t.task_name)] if gemm_only else list(every)
@@ -348,7 +363,7 @@ def _tune_tasks(db: Any, mod: tvm.IRModule, target: tvm.target.Target, trials: i
         say(f"tuned {len(new)} tasks in {time.perf_counter() - start:.0f} s")
     most = max((ledger.get(k, trials) for k in keys), default=trials)
     return TuneSummary(len(every), len(new), trials, time.perf_counter() - start, str(folder), most,
-                       len(tasks) if gemm_only else None)
+                       len(tasks) if gemm_only else None), tasks
 
 
 @contextlib.contextmanager

@@ -68,9 +68,14 @@ def rank_command(argv: list[str]) -> list[str]:
     return [exe, *argv[1:i], RANK_MAIN, *rest]
 
 
-def rank_error(text: str) -> str | None:
-    """The error a rank's stderr reports: the runtime's own line for an error TVM 0.16 loses, else a
-    traceback's last line, a fatal Python error, the runtime's reason to abort, or MPI's abort."""
+def rank_error(text: str, recorded: str | None = None, records_errors: bool = False) -> str | None:
+    """The error a rank's stderr reports: the runtime's own line for an error TVM 0.16 loses, else
+    the reason the rank ``recorded`` (``rank_main.record_error``: its last stderr lines may be lost),
+    a traceback's last line, a fatal Python error, the runtime's reason to abort, or MPI's abort.
+
+    ``records_errors``: the rank ran under ``rank_main``, which records every uncaught exception and
+    the runtime's aborts, so a traceback or abort line it did not record was handled, or printed by
+    a rank the others' failure stopped: not its error (a review: such a rank was named as failed)."""
     lines = text.splitlines()
     said = None
     for line in lines:  # the runtime's line counts only where TVM then failed with a bare "TVMError:"
@@ -78,8 +83,10 @@ def rank_error(text: str) -> str | None:
             said = line[len(LOST_ERROR_PREFIX):].strip()
         elif line.strip() == "TVMError:" and said is not None:
             return said
+    if recorded:
+        return recorded
     error = None
-    for i, line in enumerate(lines):
+    for i, line in enumerate(lines if not records_errors else []):
         if line.startswith("Traceback (most recent call last):"):
             for follow in lines[i + 1:]:
                 if follow and not follow[0].isspace():
@@ -87,7 +94,7 @@ def rank_error(text: str) -> str | None:
                     break
     if error is None:  # a crash (faulthandler's line)
         error = next((ln.strip() for ln in lines if ln.startswith("Fatal Python error:")), None)
-    if error is None:  # why the runtime aborted, else MPI's abort line
+    if error is None and not records_errors:  # why the runtime aborted, else MPI's abort line
         error = next((ln[len(ABORT_PREFIX):].strip() for ln in lines if ln.startswith(ABORT_PREFIX)), None)
     if error is None:
         error = next((ln.strip() for ln in lines if ln.startswith("Abort(")), None)
@@ -311,7 +318,8 @@ def launch(n: int, argv: list[str], timeout: float | None = None) -> int:
         recorded = _recorded_errors(Path(folder), n) if marked else {}
         early = _left_early(ends, n) if marked else None
     elapsed = time.monotonic() - start
-    failed = [(r, err) for r, err in ((r, rank_error(t) or recorded.get(r)) for r, t in enumerate(texts)) if err]
+    failed = [(r, err) for r, err in ((r, rank_error(t, recorded.get(r), marked)) for r, t in enumerate(texts))
+              if err]
     if code == 0 and not timed_out and not early:
         failed = []  # a traceback a rank printed and handled: the job succeeded
     for r, err in failed:

@@ -39,16 +39,17 @@ def exit_status(code: object) -> int:
     return 0 if code is None else 1
 
 
-def _write_marker(stem: str, text: str) -> None:
-    """``<launch's folder>/<stem>.<rank>`` holds ``text``, where this process runs under launch."""
+def _write_marker(stem: str, text: str, mode: str = "w") -> None:
+    """``<launch's folder>/<stem>.<rank>`` holds ``text``, where this process runs under launch
+    (``mode`` "x": only if nothing is there yet)."""
     folder, rank = os.environ.get(MARKER_DIR), os.environ.get("PMI_RANK")
     if not folder or rank is None:
         return
     try:
-        with open(os.path.join(folder, f"{stem}.{rank}"), "w") as f:
+        with open(os.path.join(folder, f"{stem}.{rank}"), mode) as f:
             f.write(text)
     except OSError:
-        pass  # launch's folder gone (launch killed): nobody is left to read it
+        pass  # launch's folder gone (launch killed), or "x" found an earlier reason: it stays
 
 
 def _mark(code: object) -> None:
@@ -57,8 +58,9 @@ def _mark(code: object) -> None:
 
 
 def record_error(text: str) -> None:
-    """Leave launch this rank's reason to fail, in a file: its stderr may not reach launch (module doc)."""
-    _write_marker("error", text.strip() + "\n")
+    """Leave launch this rank's reason to fail, in a file: its stderr may not reach launch (module doc).
+    The first reason stays: an exception, then the exit drain's abort over a send it left behind."""
+    _write_marker("error", text.strip() + "\n", "x")
 
 
 def _exception_line(exc: BaseException) -> str:
@@ -86,6 +88,8 @@ def main() -> None:
         run.main()
     except SystemExit as exc:
         _mark(exc.code)
+        if exc.code is not None and not isinstance(exc.code, int) and os.getpid() == _RANK_PID:
+            record_error(str(exc.code))  # sys.exit("message"): Python prints it, mpi4py aborts the job
         raise
     except BaseException as exc:  # mpi4py aborts the job at exit; Python prints the traceback first
         if os.getpid() == _RANK_PID:
