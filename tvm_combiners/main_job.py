@@ -476,7 +476,8 @@ def _time_alternating(backend: Backend, runnable: list[tuple[Variant, Any]], inp
     timed = [*runnable, *extra]
     rounds = max(1, min(ROUNDS, repeat))
     runs = -(-repeat // rounds)  # at least ``repeat`` runs in all
-    labels = ", ".join(v.label for v, _ in timed)
+    *rest, last = [v.label for v, _ in timed]
+    labels = f"{', '.join(rest)} and {last}" if rest else last
     progress(f"timing {labels}: {rounds} alternating round{'s' * (rounds > 1)} of {runs} run{'s' * (runs > 1)} each")
     samples: list[list[float]] = [[] for _ in timed]
     for _ in range(rounds):
