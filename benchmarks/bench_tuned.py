@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tvm_combiners.main_job import run_job
+from tvm_combiners.main_job import TUNE_TASKS, run_job
 from tvm_combiners.text_table import table
 
 MODELS = {"minilm": ("MiniLM-L3", 128), "bert-base": ("BERT-base", 128)}
@@ -64,7 +64,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=10, help="timed runs per module (median)")
     parser.add_argument("--target", choices=["llvm", "cuda"], default="llvm")
     parser.add_argument("--batches", default="1", help="comma-separated batch sizes (default 1)")
-    parser.add_argument("--tune-tasks", choices=["all", "gemm"], default="all",
+    parser.add_argument("--tune-tasks", choices=TUNE_TASKS, default="all",
                         help="tune every task, or only the GEMMs and convolutions (the rest: TVM's default schedules)")
     parser.add_argument("--combine-as", choices=["stack", "concat", "both"], default="both",
                         help="equal-width matmuls become one batched matmul (stack), one wide GEMM (concat), or a "

@@ -86,12 +86,10 @@ def rank_error(text: str, recorded: str | None = None, records_errors: bool = Fa
     if recorded:
         return recorded
     error = None
-    for i, line in enumerate(lines if not records_errors else []):
-        if line.startswith("Traceback (most recent call last):"):
-            for follow in lines[i + 1:]:
-                if follow and not follow[0].isspace():
-                    error = follow.strip()
-                    break
+    if not records_errors:  # the last traceback's error
+        for i, line in enumerate(lines):
+            if line.startswith("Traceback (most recent call last):"):
+                error = next((f.strip() for f in lines[i + 1:] if f and not f[0].isspace()), error)
     if error is None:  # a crash (faulthandler's line)
         error = next((ln.strip() for ln in lines if ln.startswith("Fatal Python error:")), None)
     if error is None and not records_errors:  # why the runtime aborted, else MPI's abort line
@@ -164,24 +162,20 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _program_ends(folder: Path, n: int) -> dict[int, int]:
-    """Each rank whose program ended (``rank_main``'s markers) -> its exit code."""
-    ends = {}
-    for r in range(n):
-        with contextlib.suppress(OSError, ValueError):
-            ends[r] = int((folder / f"done.{r}").read_text())
-    return ends
-
-
-def _recorded_errors(folder: Path, n: int) -> dict[int, str]:
-    """Each rank's reason to fail as it wrote it (``rank_main.record_error``): its stderr may be lost."""
-    errors = {}
+def _markers(folder: Path, stem: str, n: int) -> dict[int, str]:
+    """Rank -> the text of its ``<stem>.<rank>`` file in launch's folder (``rank_main``), where not empty."""
+    found = {}
     for r in range(n):
         with contextlib.suppress(OSError):
-            text = (folder / f"error.{r}").read_text(errors="replace").strip()
+            text = (folder / f"{stem}.{r}").read_text(errors="replace").strip()
             if text:
-                errors[r] = text
-    return errors
+                found[r] = text
+    return found
+
+
+def _program_ends(folder: Path, n: int) -> dict[int, int]:
+    """Each rank whose program ended (``rank_main``'s markers) -> its exit code."""
+    return {r: int(code) for r, code in _markers(folder, "done", n).items() if code.lstrip("-").isdigit()}
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -315,7 +309,8 @@ def launch(n: int, argv: list[str], timeout: float | None = None) -> int:
             raise
         texts = tail.finish()
         ends = _program_ends(Path(folder), n) if marked else {}
-        recorded = _recorded_errors(Path(folder), n) if marked else {}
+        # each rank's reason to fail as it wrote it (rank_main.record_error): its stderr may be lost
+        recorded = _markers(Path(folder), "error", n) if marked else {}
         early = _left_early(ends, n) if marked else None
     elapsed = time.monotonic() - start
     failed = [(r, err) for r, err in ((r, rank_error(t, recorded.get(r), marked)) for r, t in enumerate(texts))

@@ -40,10 +40,10 @@ def exit_status(code: object) -> int:
 
 
 def _write_marker(stem: str, text: str, mode: str = "w") -> None:
-    """``<launch's folder>/<stem>.<rank>`` holds ``text``, where this process runs under launch
-    (``mode`` "x": only if nothing is there yet)."""
+    """``<launch's folder>/<stem>.<rank>`` holds ``text``, where this process is a rank under launch,
+    not a child forked from one (``mode`` "x": only if nothing is there yet)."""
     folder, rank = os.environ.get(MARKER_DIR), os.environ.get("PMI_RANK")
-    if not folder or rank is None:
+    if not folder or rank is None or os.getpid() != _RANK_PID:
         return
     try:
         with open(os.path.join(folder, f"{stem}.{rank}"), mode) as f:
@@ -53,8 +53,7 @@ def _write_marker(stem: str, text: str, mode: str = "w") -> None:
 
 
 def _mark(code: object) -> None:
-    if os.getpid() == _RANK_PID:
-        _write_marker("done", f"{exit_status(code)}\n")
+    _write_marker("done", f"{exit_status(code)}\n")
 
 
 def record_error(text: str) -> None:
@@ -88,12 +87,11 @@ def main() -> None:
         run.main()
     except SystemExit as exc:
         _mark(exc.code)
-        if exc.code is not None and not isinstance(exc.code, int) and os.getpid() == _RANK_PID:
+        if exc.code is not None and not isinstance(exc.code, int):
             record_error(str(exc.code))  # sys.exit("message"): Python prints it, mpi4py aborts the job
         raise
     except BaseException as exc:  # mpi4py aborts the job at exit; Python prints the traceback first
-        if os.getpid() == _RANK_PID:
-            record_error(_exception_line(exc))
+        record_error(_exception_line(exc))
         raise
     _mark(0)
 
