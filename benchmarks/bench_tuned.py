@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_tuned.py [--trials N] [--models minilm,bert-base] [--tune-dir DIR]
         [--target llvm|cuda] [--batches 1,8] [--combine-as stack|concat|both] [--tune-tasks all|gemm]
 
-``--trials 0`` measures the default pipeline (dlight rules on cuda) untuned; with trials, each row
+``--trials 0`` measures the default schedules (dlight on cuda, ours on llvm) untuned; with trials, each row
 also times the untuned baseline (built anyway, to check the tuned modules' outputs), so the table
 says whether tuning paid at that budget (on cuda a small one did not beat dlight). ``--target cuda``
 needs a CUDA GPU here; onnxruntime always runs on the CPU (the CPU package is what is installed).
@@ -65,7 +65,7 @@ def main() -> None:
     parser.add_argument("--target", choices=["llvm", "cuda"], default="llvm")
     parser.add_argument("--batches", default="1", help="comma-separated batch sizes (default 1)")
     parser.add_argument("--tune-tasks", choices=TUNE_TASKS, default="all",
-                        help="tune every task, or only the GEMMs and convolutions (the rest: TVM's default schedules)")
+                        help="tune every task, or only the GEMMs and convolutions (the rest: the default schedules)")
     parser.add_argument("--combine-as", choices=["stack", "concat", "both"], default="both",
                         help="equal-width matmuls become one batched matmul (stack), one wide GEMM (concat), or a "
                              "row of each (both, the default)")
@@ -86,7 +86,7 @@ def main() -> None:
         parser.error(f"unknown model(s) {', '.join(unknown)}: expected {', '.join(MODELS)}")
     head = ["model", "combined as", "trials/task", "tasks base, comb (new)", "job s", "baseline ms", "combined ms",
             "onnxruntime ms", "combined/baseline", "baseline/ORT", "combined/ORT"]
-    if args.trials:  # did tuning pay at this budget: the untuned baseline (dlight on cuda), timed in the same job
+    if args.trials:  # did tuning pay at this budget: the untuned baseline (the default schedules), timed in the same job
         head[7:7] = ["untuned baseline ms", "untuned/tuned"]
     rows = []
     most = args.trials  # the largest budget a reused record was tuned with
@@ -116,7 +116,7 @@ def main() -> None:
               f"but some tasks reuse records of up to {most} trials from --tune-dir: budgets differ")
     which = ", GEMM and convolution tasks only" if args.tune_tasks == "gemm" else ""
     how = (f"tuned with MetaSchedule ({args.trials} trials per task{which}, {budget})" if args.trials
-           else "default pipeline, untuned" + (" (dlight)" if args.target == "cuda" else ""))
+           else "default schedules, untuned" + (" (dlight)" if args.target == "cuda" else " (cpu_schedules)"))
     print(f"{args.target}, {how}; onnxruntime on the CPU with TVM's thread count; "
           f"combined/baseline > 1 means combined is faster; stack: one batched matmul over stacked weights, "
           f"concat: one GEMM over concatenated weights")

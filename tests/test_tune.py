@@ -127,8 +127,8 @@ def test_gemm_tasks_are_told_by_their_ops_names(name, gemm):
 @pytest.mark.parametrize("untuned_ms, gain, line", [
     (8.0, 4.0, "tuning made the baseline 4.00x as fast as untuned\n"),
     # a small budget on cuda: dlight's schedules were faster than 16 trials' (H100, 2026-11-25)
-    (1.0, 0.5, "tuning made the baseline 0.50x as fast as untuned: 1 trials per task do not beat TVM's default "
-               "schedules here; deploy untuned, or tune with more trials\n"),
+    (1.0, 0.5, "tuning made the baseline 0.50x as fast as untuned: 1 trials per task do not beat the default "
+               "schedules (cpu_schedules) here; deploy untuned, or tune with more trials\n"),
 ])
 def test_the_report_says_whether_tuning_paid(capsys, tmp_path, monkeypatch, untuned_ms, gain, line):
     """The untuned baseline, built anyway to check the tuned modules, is timed and shown beside them."""

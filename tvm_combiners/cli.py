@@ -92,7 +92,7 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
                      help="where tuning records live (default: $TVM_COMBINERS_TUNE_DIR or ~/.cache/tvm_combiners/tune)")
     run.add_argument("--tune-tasks", choices=["all", "gemm"], default=None,
                      help="which tasks --tune tunes: all (the default), or gemm: GEMMs and convolutions only, the "
-                          "rest keeping TVM's default schedules (dlight on cuda); a fraction of the tuning time")
+                          "rest keeping the default schedules (dlight on cuda, ours on llvm); a fraction of the tuning time")
     run.add_argument("--json", action="store_true", help="print one JSON document on stdout instead of the table")
     run.add_argument("--debug", action="store_true", help="show the traceback of an error")
 

@@ -28,6 +28,7 @@ from tvm import ir, relax, tirx
 from tvm.relax.utils import convert_to_expr
 
 from ..core.driver import gc_paused
+from ..relax.cpu_schedules import default_pipeline
 from ..relax.graph_view import op_name
 from . import spec as S
 from .builders import IRAdapter, make_builders
@@ -492,13 +493,15 @@ def _check_module_order(mod: tvm.IRModule) -> None:
 
 
 def pipeline(target: Any, before: Sequence[tvm.transform.Pass] = ()) -> tvm.transform.Pass:
-    """``before`` (e.g. combiners), ``OrderSendRecv``, then TVM's default pipeline for ``target``.
+    """``before`` (e.g. combiners), ``OrderSendRecv``, then the default pipeline for ``target``.
+
+    The default pipeline is TVM's, with default schedules on llvm (:mod:`tvm_combiners.relax.cpu_schedules`).
 
     The compile path for modules with sends and recvs:
     ``tvm.compile(mod, target, relax_pipeline=pipeline(target))``.
     """
     target = tvm.target.Target(target) if isinstance(target, (str, dict)) else target
-    passes = [*before, OrderSendRecv(), relax.get_default_pipeline(target)]
+    passes = [*before, OrderSendRecv(), default_pipeline(target)]
     return tvm.transform.Sequential(passes, name="collectives_pipeline")
 
 

@@ -11,6 +11,7 @@ import tvm
 from tvm import relax
 
 from ..host import host_cpu, rank_gpu
+from .cpu_schedules import default_pipeline
 
 
 def make_target(kind: str) -> tvm.target.Target:
@@ -39,10 +40,10 @@ def has_gpu() -> bool:
 
 
 def compile_module(mod: tvm.IRModule, target: str = "llvm", relax_pipeline: Any = None) -> Any:
-    """``tvm.compile`` with the default pipeline for ``target`` (plus dlight rules for cuda)."""
+    """``tvm.compile`` with TVM's default pipeline for ``target``, scheduled on llvm too (:mod:`.cpu_schedules`)."""
     tgt = make_target(target)
     if relax_pipeline is None:
-        relax_pipeline = relax.get_default_pipeline(tgt)
+        relax_pipeline = default_pipeline(tgt)
     return tvm.compile(mod, target=tgt, relax_pipeline=relax_pipeline)
 
 

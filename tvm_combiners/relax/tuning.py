@@ -30,6 +30,7 @@ import tvm
 
 from ..main_job import MAX_TRIALS, TUNE_TASKS, UserError
 from ..models.loader import first_line
+from .cpu_schedules import cpu_pipeline, fusion_passes
 
 #: Where tuning records live unless ``--tune-dir`` (or ``TVM_COMBINERS_TUNE_DIR``) says otherwise.
 DEFAULT_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tvm_combiners" / "tune"
@@ -54,8 +55,8 @@ _GEMM_WORDS = re.compile(r"(^|_)(matmul|dense)\d*(_|$)|(^|_)conv\d")
 
 def is_gemm_task(name: str) -> bool:
     """Whether a task (``fused_matmul3_add4_gelu``, ``matmul2``, ``conv2d_nchw``) holds a GEMM or a
-    convolution: the ops combining changes, and those TVM's default cuda schedules (dlight) leave the
-    most to gain on; layer norms, softmax and the elementwise rest are left to those."""
+    convolution: the ops combining changes, and those the default schedules (dlight on cuda, ours on
+    llvm) leave the most to gain on; layer norms, softmax and the elementwise rest are left to those."""
     return _GEMM_WORDS.search(name) is not None
 
 
@@ -198,14 +199,11 @@ def _import_tensor_intrinsics() -> None:
 
 
 def _fused(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
-    """The module as ``compile_relax`` sees it before applying the database, so task keys match."""
+    """The module as :func:`compile_tuned` sees it before applying the database, so task keys match."""
     from tvm import relax
 
-    passes = [*relax.pipeline.library_dispatch_passes(target), relax.transform.LegalizeOps(),
-              relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(), relax.transform.FuseOps(),
-              relax.transform.FuseTIR()]
     with target:
-        return tvm.transform.Sequential(passes)(mod)
+        return tvm.transform.Sequential([*relax.pipeline.library_dispatch_passes(target), *fusion_passes()])(mod)
 
 
 def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params: Any) -> Any:
@@ -299,7 +297,7 @@ def tune(mod: tvm.IRModule, target: tvm.target.Target, trials: int, root: str | 
     """Tune the tasks of ``mod`` the database lacks (or got fewer trials), ``trials`` each.
 
     ``tasks="gemm"`` tunes only the GEMM and convolution tasks (:func:`is_gemm_task`); the others
-    compile with TVM's default schedules (dlight on cuda): a fraction of the tuning time. Returns
+    compile with the default schedules (dlight on cuda, ours on llvm): a fraction of the tuning time. Returns
     (the database to compile with, summary); with ``tasks="gemm"`` it holds only the chosen tasks'
     best records, so that records of the other tasks (an earlier all-tasks run's) are not applied.
     """
@@ -343,7 +341,7 @@ def _tune_tasks(db: Any, mod: tvm.IRModule, target: tvm.target.Target, trials: i
     keys = [_task_key(t) for t in tasks]
     recorded = _recorded(db)
     new = [(t, k) for t, k in zip(tasks, keys) if _needs_tuning(recorded, k, ledger.get(k, 0), trials)]
-    chosen = f" ({len(tasks)} of them GEMMs or convolutions, the rest left to TVM's default schedules)" if gemm_only else ""
+    chosen = f" ({len(tasks)} of them GEMMs or convolutions, the rest left to the default schedules)" if gemm_only else ""
     say(f"{len(every)} MetaSchedule tasks{chosen}, {len(new)} to tune (new, or tuned with fewer than {trials} trials) "
         f"in {folder}")
     if new:
@@ -394,5 +392,15 @@ def _interrupt_kept() -> Iterator[None]:
 
 
 def compile_tuned(mod: tvm.IRModule, target: tvm.target.Target, db: Any) -> Any:
-    """Compile with the database's best schedules (untuned functions keep the default lowering)."""
-    return _ms().relax_integration.compile_relax(db, mod, tuning_target(target), params=None)
+    """Compile with the database's best schedules; the default schedules take the functions it lacks.
+
+    TVM's ``compile_relax`` schedules those with dlight on cuda but leaves them as naive loops on
+    llvm, where :func:`~.cpu_schedules.cpu_pipeline` gives them the defaults an untuned build gets.
+    """
+    target = tuning_target(target)
+    if target.kind.name != "llvm":
+        return _ms().relax_integration.compile_relax(db, mod, target, params=None)
+    from tvm import relax
+
+    with target, db, tvm.transform.PassContext(opt_level=3):
+        return relax.build(mod, target=target, relax_pipeline=cpu_pipeline(target, database=db))
