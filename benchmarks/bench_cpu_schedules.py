@@ -6,8 +6,8 @@ For each model (batch 1, seq 128): the baseline compiled with TVM's own llvm pip
 and the combined module (stacked) compiled with the default schedules (``tvm_combiners.relax.
 cpu_schedules``: our GEMM rule, dlight's CPU reduction rules), and onnxruntime with TVM's thread
 count, all on the same inputs. The three TVM builds are timed in alternating rounds (the naive one
-once a round: it runs for seconds); each ratio is the median of the rounds' ratios, their range in
-brackets. Every build's outputs are checked against onnxruntime's first.
+once a round: it runs for seconds; baseline and combined in turn first); each ratio is the median of
+the rounds' ratios, their range in brackets. Every build's outputs are checked against onnxruntime's first.
 """
 
 from __future__ import annotations
@@ -60,10 +60,11 @@ def measure(path: str, rounds: int, repeat: int) -> list[str]:
         if diff > 1e-3:
             sys.exit(f"{name} differs from onnxruntime by {diff:.2e}: not timing it")
     times: dict[str, list[float]] = {name: [] for name in builds}
-    for r in range(rounds):
+    for r in range(rounds):  # the naive build runs for seconds: once a round
         print(f"# round {r + 1}/{rounds}", file=sys.stderr, flush=True)
-        for name, built in builds.items():
-            times[name].append(runner.time_vm(built, args, number=1 if name == "naive" else repeat))
+        order = ["naive", "baseline", "combined"] if r % 2 == 0 else ["naive", "combined", "baseline"]
+        for name in order:
+            times[name].append(runner.time_vm(builds[name], args, number=1 if name == "naive" else repeat))
     ort = loader.time_onnxruntime(model, inputs, repeat=repeat * rounds)
     naive, base, comb = (np.array(times[n]) for n in builds)
     return [f"{np.median(naive) * 1e3:.1f}", f"{np.median(base) * 1e3:.2f}", f"{np.median(comb) * 1e3:.2f}",
@@ -74,7 +75,7 @@ def measure(path: str, rounds: int, repeat: int) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="minilm,bert-base", help="comma-separated: " + ", ".join(MODELS))
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
+    parser.add_argument("--rounds", type=int, default=6, help="alternating rounds (default 6)")
     parser.add_argument("--repeat", type=int, default=5, help="timed runs per scheduled module a round (median)")
     args = parser.parse_args()
     keys = [k.strip() for k in args.models.split(",") if k.strip()]
