@@ -1,14 +1,17 @@
 """Default CPU schedules: TVM's llvm pipeline leaves every function as the naive loops LegalizeOps wrote.
 
 On cuda TVM's default pipeline schedules each fused function with its dlight rules; on llvm it
-schedules none, so an untuned BERT runs some 35x slower than a tuned one and a user comparing
-against onnxruntime sees a gap that deployment would not have. :class:`CPUMatmul` is the GEMM rule
-dlight has for GPUs only: a register-tiled, vectorized, parallel loop nest, with the elementwise
-epilogue FuseOps put in the same function computed on each tile while it is in cache. dlight's own
-CPU rules (GEMV, Reduction: layer norm, softmax) take the functions it declines.
+schedules none, so an untuned BERT runs some 35-55x slower than it need (a GEMM is a scalar triple
+loop) and a user comparing against onnxruntime sees a gap that deployment would not have.
+:class:`CPUMatmul` is the GEMM rule dlight has for GPUs only: a register-tiled, vectorized,
+parallel loop nest, with the elementwise epilogue FuseOps put in the same function computed on
+each tile while it is in cache. Everything else keeps its loops: dlight's CPU reduction rule
+parallelizes a softmax or mean over a non-last axis into every thread recomputing the whole
+reduction into one shared buffer (10-120x slower, and a data race), so it is not applied.
 
-Every step is a TVM schedule primitive, which refuses a transformation it cannot prove keeps the
-function's result; a function the rule does not recognise keeps its loops.
+The rule only splits, reorders, caches and annotates loops with TVM's schedule primitives, which
+check each step's dependences (parallel is marked once every block is in place, over loops each
+block under it is spatial in); a function it does not recognise, or a primitive refuses, keeps its loops.
 """
 
 from __future__ import annotations
@@ -58,11 +61,9 @@ class CPUMatmul(dlight.ScheduleRule):
             return None
         for fuse_epilogue in (True, False):
             try:
-                sch = self._schedule(func, target, fuse_epilogue)
-            except s_tir.schedule.ScheduleError:  # a primitive refused: the function keeps its loops (or its epilogue does)
-                continue
-            if sch is not None or not fuse_epilogue:
-                return sch
+                return self._schedule(func, target, fuse_epilogue)
+            except (RuntimeError, ValueError):  # a primitive refused (ScheduleError, or a region it cannot match)
+                continue  # without the epilogue, then not at all: the function keeps its loops
         return None
 
     def _schedule(self, func: tirx.PrimFunc, target: Target, fuse_epilogue: bool) -> s_tir.Schedule | None:
@@ -86,11 +87,11 @@ class CPUMatmul(dlight.ScheduleRule):
         sch.reorder(*batch, jo, io, k, ii, ji)
         accumulate = sch.cache_write(main.block_rv, 0, "local")
         sch.reverse_compute_at(accumulate, io)
-        sch.parallel(sch.fuse(*batch, jo) if batch else jo)
         if fuse_epilogue:
             for info in infos[infos.index(main) + 1:]:
                 sch.reverse_compute_at(info.block_rv, io)
                 _vectorize_inner(sch, info.block_rv, lanes)
+        sch.parallel(sch.fuse(*batch, jo) if batch else jo)  # after the moves: it checks every block under it
         sch.unroll(ii)
         sch.vectorize(ji)
         init = sch.decompose_reduction(main.block_rv, k)
@@ -131,23 +132,9 @@ def _vectorize_inner(sch: s_tir.Schedule, block: Any, lanes: int) -> None:
     sch.vectorize(inner)
 
 
-class _Declining(dlight.ScheduleRule):
-    """A dlight CPU rule that declines where it fails: TVM's pipeline never runs them, and GEMV
-    asserts on a reduction to a scalar (a training step's loss) instead of declining it."""
-
-    def __init__(self, rule: dlight.ScheduleRule) -> None:
-        self.rule = rule
-
-    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> Any:
-        try:
-            return self.rule.apply(func, target, tunable)
-        except (AssertionError, s_tir.schedule.ScheduleError):
-            return None
-
-
 def default_schedules() -> tvm.transform.Pass:
-    """Our GEMM rule, then dlight's CPU rules for the functions it declines."""
-    return dlight.ApplyDefaultSchedule(CPUMatmul(), _Declining(dlight.cpu.GEMV()), _Declining(dlight.cpu.Reduction()))
+    """The GEMM rule over every function no database or earlier rule has scheduled."""
+    return dlight.ApplyDefaultSchedule(CPUMatmul())
 
 
 def fusion_passes() -> list[tvm.transform.Pass]:
@@ -160,8 +147,8 @@ def cpu_pipeline(target: Target, database: Any = None, schedules: bool = True) -
     """TVM's llvm pipeline with, after fusion, a tuning database's schedules and then the defaults.
 
     ``database``: MetaSchedule's records applied first (the caller enters it as the current
-    database); the default schedules take what it does not cover. ``schedules=False``: TVM's
-    pipeline as it is (naive loops where nothing else applies).
+    database); the default schedules take what it does not cover. ``schedules=False`` leaves them
+    out: without a database, that is TVM's llvm pipeline as it is.
     """
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_combiners.CPUPipeline")
