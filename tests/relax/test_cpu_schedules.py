@@ -29,6 +29,11 @@ FORMS = {
         lambda bb, x, w, b: bb.emit(R.nn.gelu(bb.emit(R.add(bb.emit(R.matmul(x, w)), b)))),
         lambda x, w, b: _gelu(x @ w + b), {},
     ),
+    "deep k, relu": (  # K in blocks of 256, C's column block waiting in a local buffer
+        {"x": ((1, 12, 512), F32), "w": ((512, 32), F32), "b": ((32,), F32)},
+        lambda bb, x, w, b: bb.emit(R.nn.relu(bb.emit(R.add(bb.emit(R.matmul(x, w)), b)))),
+        lambda x, w, b: np.maximum(x @ w + b, 0), {},
+    ),
     "batched": (
         {"a": ((2, 3, 12, 8), F32), "b": ((2, 3, 8, 32), F32)},
         lambda bb, a, b: bb.emit(R.matmul(a, b)),
@@ -50,7 +55,7 @@ FORMS = {
         lambda x, w: x @ w, {},
     ),
 }
-SCHEDULED = {"matmul bias gelu": True, "batched": True, "symbolic rows": True, "odd rows": True,
+SCHEDULED = {"matmul bias gelu": True, "deep k, relu": True, "batched": True, "symbolic rows": True, "odd rows": True,
              "width no vector divides": False}
 
 
@@ -102,6 +107,22 @@ def test_the_epilogue_is_computed_per_tile_in_parallel_and_vectorized():
     for block in ("T_add", "compute", "T_multiply_2"):  # bias, gelu's erf, its last step: on each tile
         loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock(block))[:2]]
         assert all(a.same_as(b) for a, b in zip(loops, tile))
+
+
+@pytest.mark.parametrize("depth, k_loops", [(64, 1), (512, 2), (320, 1)], ids=["shallow", "blocks of 256", "no block divides"])
+def test_k_is_blocked_where_a_block_divides_it(depth, k_loops):
+    target = make_target("llvm")
+    mod = make_module({"x": ((16, depth), F32), "w": ((depth, 32), F32)},
+                      lambda bb, x, w: bb.emit(R.add(bb.emit(R.matmul(x, w)), relax.const(1.0, F32))))
+    with target:
+        mod = tvm.transform.Sequential([*relax.pipeline.library_dispatch_passes(target), *fusion_passes()])(mod)
+    (func,) = [f for gv, f in mod.functions_items() if "matmul" in gv.name_hint]
+    sch = CPUMatmul().apply(func, target, False)
+    loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock("matmul_update"))]
+    assert len(loops) == 4 + k_loops  # columns (parallel), [K blocks], rows, [K in a block], tile rows, tile columns
+    epilogue = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock("T_add"))]
+    shared = 1 if k_loops == 2 else 2  # on the column block, or on each tile
+    assert all(a.same_as(b) for a, b in zip(epilogue[:shared], loops)) and not epilogue[shared].same_as(loops[shared])
 
 
 @T.prim_func(s_tir=True)

@@ -31,6 +31,11 @@ from tvm.target.codegen import target_has_features
 # 4 x 2 43.7 ms, 2 x 4 46.8, 8 x 1 49.2, 8 x 2 51.2, 4 x 4 58.7, 6 x 2 63.6, 4 x 1 66.4.
 TILE_ROWS = 4
 TILE_VECTORS = 2
+# K in blocks of 256 (or 192, 128: what divides K) keeps a block of B in L1 while every row of A
+# passes, C's column block waiting in a local buffer (at most 64 KiB). One GEMM alone, 7 rounds:
+# 128 x 768 x 3072 23.1 -> 19.4 ms, 128 x 3072 x 768 16.5 -> 11.3 ms, 128 x 768 x 768 2.8 -> 2.5 ms.
+K_BLOCKS = (256, 192, 128)
+K_BLOCK_C_BYTES = 64 * 1024
 
 
 def _extent(sch: s_tir.Schedule, loop: Any) -> int | None:
@@ -84,20 +89,39 @@ class CPUMatmul(dlight.ScheduleRule):
         tile_rows = next(t for t in (TILE_ROWS, 2, 1) if rows is None or rows % t == 0)
         io, ii = sch.split(i, [None, tile_rows])
         jo, ji = sch.split(j, [None, tile_cols])
-        sch.reorder(*batch, jo, io, k, ii, ji)
+        depth = _k_block(_extent(sch, k), rows, tile_cols * _bytes(sch, main))
+        if depth:  # K in blocks: a block of B stays in L1 while every row passes; C's column block in L1
+            ko, ki = sch.split(k, [None, depth])
+            sch.reorder(*batch, jo, ko, io, ki, ii, ji)
+            tile, init_at = jo, ko
+        else:
+            sch.reorder(*batch, jo, io, k, ii, ji)
+            tile, init_at = io, k
         accumulate = sch.cache_write(main.block_rv, 0, "local")
-        sch.reverse_compute_at(accumulate, io)
+        sch.reverse_compute_at(accumulate, tile)
         if fuse_epilogue:
             for info in infos[infos.index(main) + 1:]:
-                sch.reverse_compute_at(info.block_rv, io)
+                sch.reverse_compute_at(info.block_rv, tile)
                 _vectorize_inner(sch, info.block_rv, lanes)
         sch.parallel(sch.fuse(*batch, jo) if batch else jo)  # after the moves: it checks every block under it
         sch.unroll(ii)
         sch.vectorize(ji)
-        init = sch.decompose_reduction(main.block_rv, k)
+        init = sch.decompose_reduction(main.block_rv, init_at)
         _vectorize_inner(sch, init, lanes)
         _vectorize_inner(sch, accumulate, lanes)
         return sch
+
+
+def _bytes(sch: s_tir.Schedule, info: SBlockInfo) -> int:
+    return (sch.get(info.block_rv).writes[0].source.dtype.bits + 7) // 8
+
+
+def _k_block(depth: int | None, rows: int | None, row_bytes: int) -> int | None:
+    """A K block that divides K, where C's whole column block (``rows`` x the tile's width) fits a
+    local buffer of ``K_BLOCK_C_BYTES``; None keeps K whole (each tile then accumulates in registers)."""
+    if depth is None or rows is None or rows * row_bytes > K_BLOCK_C_BYTES:
+        return None
+    return next((b for b in K_BLOCKS if depth > b and depth % b == 0), None)
 
 
 def _is_matmul(sch: s_tir.Schedule, info: SBlockInfo) -> bool:
