@@ -1,11 +1,11 @@
 """Default CPU schedules: TVM's llvm pipeline leaves every function as the naive loops LegalizeOps wrote.
 
 On cuda TVM's default pipeline schedules each fused function with its dlight rules; on llvm it
-schedules none, so an untuned BERT runs some 35-55x slower than it need (a GEMM is a scalar triple
+schedules none, so an untuned BERT runs some 35-60x slower than it need (a GEMM is a scalar triple
 loop) and a user comparing against onnxruntime sees a gap that deployment would not have.
 :class:`CPUMatmul` is the GEMM rule dlight has for GPUs only: a register-tiled, vectorized,
-parallel loop nest, with the elementwise epilogue FuseOps put in the same function computed on
-each tile while it is in cache. Everything else keeps its loops: dlight's CPU reduction rule
+parallel loop nest, K in cache-sized blocks, with the elementwise epilogue FuseOps put in the same
+function computed on each tile (or column block) while it is in cache. Everything else keeps its loops: dlight's CPU reduction rule
 parallelizes a softmax or mean over a non-last axis into every thread recomputing the whole
 reduction into one shared buffer (10-120x slower, and a data race), so it is not applied.
 
@@ -56,9 +56,10 @@ def _vector_lanes(target: Target, dtype_bits: int) -> int:
 class CPUMatmul(dlight.ScheduleRule):
     """``C[..., i, j] (+)= A[..., i, k] * B[..., k, j]`` with ``j`` contiguous in ``B`` and ``C``.
 
-    A ``TILE_ROWS x TILE_VECTORS`` vectors tile of C accumulates in registers over the whole of
-    ``k``; tiles run column block by column block (a block of B stays in cache while every row of
-    A passes), the outer spatial loops in parallel. Functions of another form are declined.
+    A ``TILE_ROWS x TILE_VECTORS`` vectors tile of C accumulates in registers; tiles run column
+    block by column block (a block of B stays in cache while every row of A passes), K in blocks
+    of ``K_BLOCKS`` where one divides it, the outer spatial loops in parallel. Functions of
+    another form are declined.
     """
 
     def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
