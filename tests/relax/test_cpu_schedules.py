@@ -109,8 +109,12 @@ def test_the_epilogue_is_computed_per_tile_in_parallel_and_vectorized():
         assert all(a.same_as(b) for a, b in zip(loops, tile))
 
 
-@pytest.mark.parametrize("depth, k_loops", [(64, 1), (512, 2), (320, 1)], ids=["shallow", "blocks of 256", "no block divides"])
-def test_k_is_blocked_where_a_block_divides_it(depth, k_loops):
+@pytest.mark.parametrize("depth, extents", [
+    (64, [2, 4, 64, 4, 16]), (256, [2, 4, 256, 4, 16]),  # B's column block fits L1 whole
+    (512, [2, 2, 4, 256, 4, 16]), (384, [2, 2, 4, 192, 4, 16]),  # K blocks outside the rows: each is read once
+    (320, [2, 4, 320, 4, 16]),  # no block divides K
+], ids=["shallow", "256", "blocks of 256", "blocks of 192", "no block divides"])
+def test_k_is_blocked_where_a_block_divides_it(depth, extents):
     target = make_target("llvm")
     mod = make_module({"x": ((16, depth), F32), "w": ((depth, 32), F32)},
                       lambda bb, x, w: bb.emit(R.add(bb.emit(R.matmul(x, w)), relax.const(1.0, F32))))
@@ -119,9 +123,10 @@ def test_k_is_blocked_where_a_block_divides_it(depth, k_loops):
     (func,) = [f for gv, f in mod.functions_items() if "matmul" in gv.name_hint]
     sch = CPUMatmul().apply(func, target, False)
     loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock("matmul_update"))]
-    assert len(loops) == 4 + k_loops  # columns (parallel), [K blocks], rows, [K in a block], tile rows, tile columns
+    # column blocks (parallel), [K blocks], row tiles, K (in a block), tile rows, tile columns
+    assert [int(loop.extent) for loop in loops] == extents and loops[0].kind == tvm.tirx.ForKind.PARALLEL
     epilogue = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock("T_add"))]
-    shared = 1 if k_loops == 2 else 2  # on the column block, or on each tile
+    shared = 1 if len(extents) == 6 else 2  # on the column block, or on each tile
     assert all(a.same_as(b) for a, b in zip(epilogue[:shared], loops)) and not epilogue[shared].same_as(loops[shared])
 
 

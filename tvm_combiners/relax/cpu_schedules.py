@@ -120,9 +120,9 @@ def _bytes(sch: s_tir.Schedule, info: SBlockInfo) -> int:
 def _k_block(depth: int | None, rows: int | None, row_bytes: int) -> int | None:
     """A K block that divides K, where C's whole column block (``rows`` x the tile's width) fits a
     local buffer of ``K_BLOCK_C_BYTES``; None keeps K whole (each tile then accumulates in registers)."""
-    if depth is None or rows is None or rows * row_bytes > K_BLOCK_C_BYTES:
-        return None
-    return next((b for b in K_BLOCKS if depth > b and depth % b == 0), None)
+    if depth is None or depth <= K_BLOCKS[0] or rows is None or rows * row_bytes > K_BLOCK_C_BYTES:
+        return None  # a K of 256 or less: B's column block already fits L1 whole
+    return next((b for b in K_BLOCKS if depth % b == 0), None)
 
 
 def _is_matmul(sch: s_tir.Schedule, info: SBlockInfo) -> bool:
