@@ -1,10 +1,10 @@
 """Default CPU schedules: TVM's llvm pipeline as it is (naive loops) vs with ours, beside onnxruntime.
 
-    .venv/bin/python benchmarks/bench_cpu_schedules.py [--models minilm,bert-base] [--rounds 3]
+    .venv/bin/python benchmarks/bench_cpu_schedules.py [--models minilm,bert-base] [--rounds 6] [--repeat 5]
 
 For each model (batch 1, seq 128): the baseline compiled with TVM's own llvm pipeline, the baseline
 and the combined module (stacked) compiled with the default schedules (``tvm_combiners.relax.
-cpu_schedules``: our GEMM rule, dlight's CPU reduction rules), and onnxruntime with TVM's thread
+cpu_schedules``: our GEMM rule), and onnxruntime with TVM's thread
 count, all on the same inputs. The three TVM builds are timed in alternating rounds (the naive one
 once a round: it runs for seconds; baseline and combined in turn first); each ratio is the median of
 the rounds' ratios, their range in brackets. Every build's outputs are checked against onnxruntime's first.

@@ -71,13 +71,22 @@ def _inputs(name: str) -> list[np.ndarray]:
     return [rng.standard_normal([sizes.get(d, d) for d in shape]).astype(dtype) for shape, dtype in params.values()]
 
 
-def _scheduled(mod: tvm.IRModule) -> dict[str, bool]:
-    """Each fused function that reads a matmul: did the default schedules schedule it?"""
+def _fused(mod: tvm.IRModule, *then: tvm.transform.Pass) -> tvm.IRModule:
+    """``mod`` fused as the llvm pipeline fuses it, then ``then``."""
     target = make_target("llvm")
     with target:
-        mod = tvm.transform.Sequential([*relax.pipeline.library_dispatch_passes(target), *fusion_passes(),
-                                        default_schedules()])(mod)
-    return {gv.name_hint: bool(f.attrs.get("tirx.is_scheduled", False)) for gv, f in mod.functions_items()
+        return tvm.transform.Sequential([*fusion_passes(target), *then])(mod)
+
+
+def _gemm_function(mod: tvm.IRModule) -> tvm.tirx.PrimFunc:
+    (func,) = [f for gv, f in _fused(mod).functions_items() if "matmul" in gv.name_hint]
+    return func
+
+
+def _scheduled(mod: tvm.IRModule) -> dict[str, bool]:
+    """Each fused function that reads a matmul: did the default schedules schedule it?"""
+    return {gv.name_hint: bool(f.attrs.get("tirx.is_scheduled", False))
+            for gv, f in _fused(mod, default_schedules()).functions_items()
             if isinstance(f, tvm.tirx.PrimFunc) and "matmul" in gv.name_hint}
 
 
@@ -93,12 +102,7 @@ def test_each_form_computes_what_numpy_and_the_naive_loops_do(name):
 
 
 def test_the_epilogue_is_computed_per_tile_in_parallel_and_vectorized():
-    target = make_target("llvm")
-    with target:
-        mod = tvm.transform.Sequential([*relax.pipeline.library_dispatch_passes(target), *fusion_passes()])(
-            _module("matmul bias gelu"))
-    (func,) = [f for gv, f in mod.functions_items() if "matmul" in gv.name_hint]
-    sch = CPUMatmul().apply(func, target, False)
+    sch = CPUMatmul().apply(_gemm_function(_module("matmul bias gelu")), make_target("llvm"), False)
     assert sch is not None
     text = sch.mod.script()
     assert text.count("T.parallel(") == 1 and "T.vectorized(" in text and 'scope="local"' in text
@@ -115,13 +119,9 @@ def test_the_epilogue_is_computed_per_tile_in_parallel_and_vectorized():
     (320, [2, 4, 320, 4, 16]),  # no block divides K
 ], ids=["shallow", "256", "blocks of 256", "blocks of 192", "no block divides"])
 def test_k_is_blocked_where_a_block_divides_it(depth, extents):
-    target = make_target("llvm")
     mod = make_module({"x": ((16, depth), F32), "w": ((depth, 32), F32)},
                       lambda bb, x, w: bb.emit(R.add(bb.emit(R.matmul(x, w)), relax.const(1.0, F32))))
-    with target:
-        mod = tvm.transform.Sequential([*relax.pipeline.library_dispatch_passes(target), *fusion_passes()])(mod)
-    (func,) = [f for gv, f in mod.functions_items() if "matmul" in gv.name_hint]
-    sch = CPUMatmul().apply(func, target, False)
+    sch = CPUMatmul().apply(_gemm_function(mod), make_target("llvm"), False)
     loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock("matmul_update"))]
     # column blocks (parallel), [K blocks], row tiles, K (in a block), tile rows, tile columns
     assert [int(loop.extent) for loop in loops] == extents and loops[0].kind == tvm.tirx.ForKind.PARALLEL
@@ -156,20 +156,10 @@ def test_other_forms_are_declined(func):
     assert CPUMatmul().apply(func, make_target("llvm"), False) is None
 
 
-@T.prim_func(s_tir=True)
-def _plain_matmul(a: T.Buffer((16, 32), "float32"), b: T.Buffer((32, 24), "float32"),
-                  c: T.Buffer((16, 24), "float32")):
-    for i, j, k in T.grid(16, 24, 32):
-        with T.sblock("matmul"):
-            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-            with T.init():
-                c[vi, vj] = T.float32(0)
-            c[vi, vj] = c[vi, vj] + a[vi, vk] * b[vk, vj]
-
-
 def test_cuda_is_left_to_tvms_own_rules():
-    assert CPUMatmul().apply(_plain_matmul, make_target("llvm"), False) is not None
-    assert CPUMatmul().apply(_plain_matmul, make_target("cuda"), False) is None
+    func = _gemm_function(_module("batched"))
+    assert CPUMatmul().apply(func, make_target("llvm"), False) is not None
+    assert CPUMatmul().apply(func, make_target("cuda"), False) is None
 
 
 def test_every_gemm_of_the_default_bert_is_scheduled_and_a_tuning_database_leaves_the_rest_to_them():
@@ -201,11 +191,7 @@ def test_reductions_over_a_leading_axis_keep_their_loops(body, want):
     mod = make_module({"x": ((64, 48), F32)}, body)
     x = np.random.default_rng(0).standard_normal((64, 48)).astype(F32)
     np.testing.assert_allclose(run_vm(compile_module(mod, "llvm"), [x])[0], want(x), rtol=1e-5, atol=1e-6)
-    target = make_target("llvm")
-    with target:
-        lowered = tvm.transform.Sequential([*relax.pipeline.library_dispatch_passes(target), *fusion_passes(),
-                                            default_schedules()])(mod)
-    assert not any(f.attrs.get("tirx.is_scheduled", False) for _, f in lowered.functions_items()
+    assert not any(f.attrs.get("tirx.is_scheduled", False) for _, f in _fused(mod, default_schedules()).functions_items()
                    if isinstance(f, tvm.tirx.PrimFunc))
 
 

@@ -5,13 +5,15 @@ schedules none, so an untuned BERT runs some 35-60x slower than it need (a GEMM 
 loop) and a user comparing against onnxruntime sees a gap that deployment would not have.
 :class:`CPUMatmul` is the GEMM rule dlight has for GPUs only: a register-tiled, vectorized,
 parallel loop nest, K in cache-sized blocks, with the elementwise epilogue FuseOps put in the same
-function computed on each tile (or column block) while it is in cache. Everything else keeps its loops: dlight's CPU reduction rule
-parallelizes a softmax or mean over a non-last axis into every thread recomputing the whole
-reduction into one shared buffer (10-120x slower, and a data race), so it is not applied.
+function computed on each tile (or column block) while it is in cache. Everything else keeps its
+loops: dlight's CPU reduction rule parallelizes a softmax or mean over a non-last axis into every
+thread recomputing the whole reduction into one shared buffer (10-120x slower, and a data race),
+so it is not applied.
 
 The rule only splits, reorders, caches and annotates loops with TVM's schedule primitives, which
 check each step's dependences (parallel is marked once every block is in place, over loops each
-block under it is spatial in); a function it does not recognise, or a primitive refuses, keeps its loops.
+block under it is spatial in); a function it does not recognise, or a primitive refuses, keeps
+its loops.
 """
 
 from __future__ import annotations
@@ -81,7 +83,8 @@ class CPUMatmul(dlight.ScheduleRule):
         if len(reductions) != 1 or not _is_matmul(sch, reductions[0]):
             return None
         main = reductions[0]
-        lanes = _vector_lanes(target, sch.get(main.block_rv).writes[0].source.dtype.bits)
+        bits = sch.get(main.block_rv).writes[0].source.dtype.bits
+        lanes = _vector_lanes(target, bits)
         *batch, i, j, k = sch.get_loops(main.block_rv)
         cols, rows = _extent(sch, j), _extent(sch, i)
         if cols is None or cols % lanes:
@@ -90,7 +93,7 @@ class CPUMatmul(dlight.ScheduleRule):
         tile_rows = next(t for t in (TILE_ROWS, 2, 1) if rows is None or rows % t == 0)
         io, ii = sch.split(i, [None, tile_rows])
         jo, ji = sch.split(j, [None, tile_cols])
-        depth = _k_block(_extent(sch, k), rows, tile_cols * _bytes(sch, main))
+        depth = _k_block(_extent(sch, k), rows, tile_cols * bits // 8)
         if depth:  # K in blocks: a block of B stays in L1 while every row passes; C's column block in L1
             ko, ki = sch.split(k, [None, depth])
             sch.reorder(*batch, jo, ko, io, ki, ii, ji)
@@ -111,10 +114,6 @@ class CPUMatmul(dlight.ScheduleRule):
         _vectorize_inner(sch, init, lanes)
         _vectorize_inner(sch, accumulate, lanes)
         return sch
-
-
-def _bytes(sch: s_tir.Schedule, info: SBlockInfo) -> int:
-    return (sch.get(info.block_rv).writes[0].source.dtype.bits + 7) // 8
 
 
 def _k_block(depth: int | None, rows: int | None, row_bytes: int) -> int | None:
@@ -162,10 +161,12 @@ def default_schedules() -> tvm.transform.Pass:
     return dlight.ApplyDefaultSchedule(CPUMatmul())
 
 
-def fusion_passes() -> list[tvm.transform.Pass]:
-    """Legalize and fuse, as TVM's pipelines do before scheduling (and MetaSchedule before extracting tasks)."""
-    return [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
-            relax.transform.FuseOps(), relax.transform.FuseTIR()]
+def fusion_passes(target: Target) -> list[tvm.transform.Pass]:
+    """Library dispatch, legalize and fuse, as TVM's pipelines do before scheduling (and MetaSchedule
+    before extracting tasks: the tasks' keys are these functions)."""
+    return [*relax.pipeline.library_dispatch_passes(target), relax.transform.LegalizeOps(),
+            relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(), relax.transform.FuseOps(),
+            relax.transform.FuseTIR()]
 
 
 def cpu_pipeline(target: Target, database: Any = None, schedules: bool = True) -> tvm.transform.Pass:
@@ -178,7 +179,7 @@ def cpu_pipeline(target: Target, database: Any = None, schedules: bool = True) -
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_combiners.CPUPipeline")
     def run(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        passes = [*cpu_generic.library_dispatch_passes(target), *fusion_passes()]
+        passes = fusion_passes(target)
         if database is not None:
             passes.append(relax.transform.MetaScheduleApplyDatabase())
         if schedules:

@@ -200,10 +200,8 @@ def _import_tensor_intrinsics() -> None:
 
 def _fused(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
     """The module as :func:`compile_tuned` sees it before applying the database, so task keys match."""
-    from tvm import relax
-
     with target:
-        return tvm.transform.Sequential([*relax.pipeline.library_dispatch_passes(target), *fusion_passes()])(mod)
+        return tvm.transform.Sequential(fusion_passes(target))(mod)
 
 
 def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params: Any) -> Any:
