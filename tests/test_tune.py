@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 import tvm
+import tvm_ffi
 from test_cli_errors import ERROR, parallel_matmuls
 
 from tvm_combiners.cli import main
 from tvm_combiners.relax import tuning
+from tvm_combiners.relax.default_candidates import default_schedule
 from tvm_combiners.relax.runner import make_target
 
 
@@ -35,6 +37,16 @@ def test_tune_tunes_both_modules_then_reuses_every_record(capsys, tmp_path, monk
     assert "tuning task 1/2" in err and "trials" in err
     folder = tuning.tune_dir(records, tuning.tuning_target(make_target("llvm")))
     assert len(tuning._recorded(tuning._open_database(folder))) == 3  # the three GEMM tasks, nothing of the split
+    # each task's default schedule was timed beside its search: one of its records is that schedule
+    by_task: dict[str, tuple[tvm.IRModule, set[str]]] = {}
+    for record in tuning._open_database(folder).get_all_tuning_records():
+        mod = record.workload.mod
+        by_task.setdefault(str(tvm_ffi.structural_hash(mod)), (mod, set()))[1].add(str(record.trace))
+    target = tuning.tuning_target(make_target("llvm"))
+    defaults = [(default_schedule(mod["main"], target), traces) for mod, traces in by_task.values()]
+    assert len(by_task) == 3 and any(d is not None for d, _ in defaults)  # width 16 (4 and 20: no 2 vectors of 8)
+    assert all(str(d.trace) in traces for d, traces in defaults if d is not None)
+    assert all(0 <= v["tuning"]["defaults_kept"] <= v["tuning"]["tuned"] for v in gemms["variants"])
 
     doc, err = _run_json(capsys, *args)
     baseline, combined = doc["variants"]
@@ -239,6 +251,7 @@ def test_a_task_tuned_again_keeps_the_budget_it_got(tmp_path, monkeypatch):
     monkeypatch.setattr(ms.relax_integration, "extract_tasks", lambda mod, target: [Task()])
     monkeypatch.setattr(ms.relax_integration, "extracted_tasks_to_tune_contexts", lambda *a, **k: ([], []))
     monkeypatch.setattr(ms, "tune_tasks", lambda **kw: None)
+    monkeypatch.setattr(tuning, "commit_defaults", lambda *args: 0)
     monkeypatch.setattr(tuning, "_task_key", lambda task: "k")
     monkeypatch.setattr(tuning, "_recorded", lambda db: set())  # the records are gone
     monkeypatch.setattr(tuning, "_builder", lambda kind: None)

@@ -61,7 +61,8 @@ class Variant:
     compile_s: float
     latency_s: float | None = None
     max_abs_diff: float | None = None
-    # tasks, tuned (in this run), trials_per_task, seconds, database, most_trials, selected (--tune-tasks gemm)
+    # tasks, tuned (in this run), trials_per_task, seconds, database, most_trials, selected (--tune-tasks gemm),
+    # defaults_kept
     tuning: dict[str, Any] | None = None
 
 
@@ -148,8 +149,11 @@ class JobReport:
             def chosen(t: dict[str, Any]) -> str:  # --tune-tasks gemm
                 return "" if t.get("selected") is None else f"{t['selected']} GEMM or convolution tasks of them, "
 
+            def kept(t: dict[str, Any]) -> str:  # searches that did not beat the untuned build's schedule
+                return f", {t['defaults_kept']} kept their default schedule" if t.get("defaults_kept") else ""
+
             lines.append(f"tuned with MetaSchedule, up to {trials} trials per task: " + ", ".join(
-                f"{v.label} {v.tuning['tasks']} tasks ({chosen(v.tuning)}{v.tuning['tuned']} tuned now, "
+                f"{v.label} {v.tuning['tasks']} tasks ({chosen(v.tuning)}{v.tuning['tuned']} tuned now{kept(v.tuning)}, "
                 f"{v.tuning['seconds']:.0f} s{reused(v.tuning)})" for v in tuned)
                 + f"; records in {tuned[0].tuning['database']}")
             paid = self.tuning_gain()

@@ -31,6 +31,7 @@ import tvm
 from ..main_job import MAX_TRIALS, TUNE_TASKS, UserError
 from ..models.loader import first_line
 from .cpu_schedules import cpu_pipeline, fusion_passes
+from .default_candidates import commit_defaults
 
 #: Where tuning records live unless ``--tune-dir`` (or ``TVM_COMBINERS_TUNE_DIR``) says otherwise.
 DEFAULT_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tvm_combiners" / "tune"
@@ -47,6 +48,7 @@ class TuneSummary:
     database: str
     most_trials: int  # the largest budget its tasks' records were tuned with (reused, from earlier runs)
     selected: int | None = None  # the tasks ``--tune-tasks`` chose (None: every task)
+    defaults_kept: int = 0  # tasks tuned now whose default schedule stayed faster than every searched one
 
 
 #: Words of a fused function's name (TVM names it after its ops) that make it a GEMM task.
@@ -342,6 +344,7 @@ def _tune_tasks(db: Any, mod: tvm.IRModule, target: tvm.target.Target, trials: i
     chosen = f" ({len(tasks)} of them GEMMs or convolutions, the rest left to the default schedules)" if gemm_only else ""
     say(f"{len(every)} MetaSchedule tasks{chosen}, {len(new)} to tune (new, or tuned with fewer than {trials} trials) "
         f"in {folder}")
+    kept = 0
     if new:
         _import_tensor_intrinsics()
         todo = [t for t, _ in new]
@@ -354,12 +357,14 @@ def _tune_tasks(db: Any, mod: tvm.IRModule, target: tvm.target.Target, trials: i
                           max_trials_global=min(trials * len(new), 2**31 - 1), max_trials_per_task=trials,
                           num_trials_per_iter=min(64, trials), database=db, measure_callbacks=callbacks,
                           builder=_builder(target.kind.name), runner=_runner())
+            kept = commit_defaults(db, todo, target, _runner(), build_candidate, say)
         ledger.update({k: trials for _, k in new})  # a task re-tuned after its records were lost got this budget only
         (folder / LEDGER).write_text(json.dumps(ledger, indent=1, sort_keys=True))
-        say(f"tuned {len(new)} tasks in {time.perf_counter() - start:.0f} s")
+        say(f"tuned {len(new)} tasks in {time.perf_counter() - start:.0f} s" +
+            (f"; the default schedule stayed the fastest of {kept}" if kept else ""))
     most = max((ledger.get(k, trials) for k in keys), default=trials)
     return TuneSummary(len(every), len(new), trials, time.perf_counter() - start, str(folder), most,
-                       len(tasks) if gemm_only else None), tasks
+                       len(tasks) if gemm_only else None, kept), tasks
 
 
 @contextlib.contextmanager
