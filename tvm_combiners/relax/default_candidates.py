@@ -4,8 +4,9 @@ A small budget can end a search above the schedule an untuned build gets (dlight
 default CPU schedules on llvm): on an H200, 32 trials per task left MiniLM-L3 at batch 8 slower
 than dlight (0.86x), one 1024 x 384 x 384 GEMM tuned to 80 us where its twin got 24 us. Committed
 beside MetaSchedule's records, timed by the same runner, the default schedule is the best record
-of every task whose search did not beat it, so tuning never makes a task slower than the untuned
-build's (to the runner's measurement). Its trace replays like any record's: it is a schedule.
+of every task whose search did not beat it: such a task is no slower tuned than untuned (to the
+runner's measurement), where a default rule schedules it (on llvm only GEMMs) and that schedule
+builds and runs. Its trace replays like any record's: it is a schedule.
 """
 
 from __future__ import annotations
@@ -59,11 +60,11 @@ def commit_defaults(db: Any, tasks: list[Any], target: tvm.target.Target, runner
         inputs = []
         for task in tasks:
             workload = task.dispatched[0]
-            sch = default_schedule(workload["main"], target)
-            if sch is None:
-                continue
             artifact = os.path.join(folder, f"{len(inputs)}.{tar.output_format}")  # as MetaSchedule's builder
             try:
+                sch = default_schedule(workload["main"], target)  # dlight's rules assert, some of them
+                if sch is None:
+                    continue
                 build(sch.mod, target, None).export_library(artifact, fcompile=tar)
             except Exception as err:  # noqa: BLE001 - TVM raises many kinds; the search's records stand
                 say(f"the default schedule of {task.task_name} did not build ({first_line(err)}): not a candidate")
@@ -75,15 +76,17 @@ def commit_defaults(db: Any, tasks: list[Any], target: tvm.target.Target, runner
     best = 0
     for (task, workload, sch, args), result in zip(measured, results):
         if result.error_msg or not result.run_secs:
-            say(f"the default schedule of {task.task_name} did not run "
-                f"({first_line(RuntimeError(result.error_msg or 'no time'))}): not a candidate")
+            say(f"the default schedule of {task.task_name} did not run ({_last_line(result.error_msg)}): "
+                "not a candidate")
             continue
         key = db.commit_workload(workload)
-        tuned = [r for r in db.get_top_k(key, 1) if r.run_secs]
         db.commit_tuning_record(ms.database.TuningRecord(sch.trace, key, result.run_secs, target, args))
-        best += not tuned or _mean(result.run_secs) <= _mean(tuned[0].run_secs)
+        top = db.get_top_k(key, 1)  # the record the tuned build applies
+        best += bool(top) and str(top[0].trace) == str(sch.trace)
     return best
 
 
-def _mean(run_secs: Any) -> float:
-    return sum(float(s) for s in run_secs) / len(run_secs)
+def _last_line(message: str | None) -> str:
+    """A runner's error ends with the exception (it begins "LocalRunner: An exception occurred")."""
+    lines = [line.strip() for line in (message or "").splitlines() if line.strip()]
+    return lines[-1] if lines else "no time measured"

@@ -136,16 +136,21 @@ def _open_database(folder: Path) -> Any:
         return UserError(f"the tuning records in {folder} cannot be read ({why}): delete that folder, "
                          "or give another --tune-dir, to tune afresh")
 
+    tensorized = False
     for name in ("database_workload.json", "database_tuning_record.json"):
         try:
             with open(folder / name, "rb") as f:
-                blank = next((n for n, line in enumerate(f, 1) if not line.strip()), None)
+                lines = list(f)
         except FileNotFoundError:
             continue
         except OSError as err:
             raise unreadable(f"{type(err).__name__}: {err.strerror or err}") from err
+        blank = next((n for n, line in enumerate(lines, 1) if not line.strip()), None)
         if blank is not None:  # MetaSchedule's reader segfaults on one (an editor's trailing newline)
             raise unreadable(f"line {blank} of {name} is blank")
+        tensorized |= any(b'"Tensorize"' in line for line in lines)
+    if tensorized:  # dlight's tensor-core schedules (float16 on cuda): the reader looks their intrinsics up
+        _import_tensor_intrinsics()
     try:
         return _ms().database.JSONDatabase(work_dir=str(folder))
     except Exception as err:  # MetaSchedule reports a truncated file as a RuntimeError of its JSON parser
@@ -392,6 +397,8 @@ def _interrupt_kept() -> Iterator[None]:
         raise
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if hit:  # raised inside TVM, turned into an error there, and caught (a default schedule's build)
+        raise KeyboardInterrupt
 
 
 def compile_tuned(mod: tvm.IRModule, target: tvm.target.Target, db: Any) -> Any:
