@@ -158,10 +158,15 @@ class JobReport:
                 + f"; records in {tuned[0].tuning['database']}")
             paid = self.tuning_gain()
             if paid is not None:
+                defaults = f"the default schedules ({'dlight' if self.target == 'cuda' else 'cpu_schedules'})"
+                base = self.variants[0].tuning or {}
+                same = base.get("tuned") and base["tuned"] == base.get("defaults_kept") == (
+                    base.get("selected") or base.get("tasks"))  # every task it compiles with a record is on its default
                 lines.append(f"tuning made the baseline {paid:.2f}x as fast as untuned" + (
-                    "" if paid >= 1 else f": {trials} trials per task do not beat the default schedules"
-                    f" ({'dlight' if self.target == 'cuda' else 'cpu_schedules'}) here; deploy untuned, or tune with "
-                    "more trials"))
+                    "" if paid >= 1 else
+                    f": no task's search beat {defaults}, so both builds run the same schedules (the difference is "
+                    f"timing noise); tune with more trials" if same else
+                    f": {trials} trials per task do not beat {defaults} here; deploy untuned, or tune with more trials"))
         timed = [v for v in self.variants if v.latency_s]
         if self.ort_latency_s and timed:
             lines.append("latency over onnxruntime's: " + ", ".join(f"{v.label} {v.latency_s / self.ort_latency_s:.2f}x"
