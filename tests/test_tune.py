@@ -38,8 +38,9 @@ def test_tune_tunes_both_modules_then_reuses_every_record(capsys, tmp_path, monk
     folder = tuning.tune_dir(records, tuning.tuning_target(make_target("llvm")))
     assert len(tuning._recorded(tuning._open_database(folder))) == 3  # the three GEMM tasks, nothing of the split
     # each task's default schedule was timed beside its search: one of its records is that schedule
+    database = tuning._open_database(folder)
     by_task: dict[str, tuple[tvm.IRModule, set[str]]] = {}
-    for record in tuning._open_database(folder).get_all_tuning_records():
+    for record in database.get_all_tuning_records():
         mod = record.workload.mod
         by_task.setdefault(str(tvm_ffi.structural_hash(mod)), (mod, set()))[1].add(str(record.trace))
     target = tuning.tuning_target(make_target("llvm"))
@@ -47,7 +48,6 @@ def test_tune_tunes_both_modules_then_reuses_every_record(capsys, tmp_path, monk
     assert len(by_task) == 3 and any(d is not None for d, _ in defaults)  # width 16 (4 and 20: no 2 vectors of 8)
     assert all(str(d.trace) in traces for d, traces in defaults if d is not None)
     # the report counts the tasks whose best record (the one compile_tuned applies) is that schedule
-    database = tuning._open_database(folder)
     on_default = sum(str(database.get_top_k(database.commit_workload(mod), 1)[0].trace) == str(d.trace)
                      for (mod, _), (d, _) in zip(by_task.values(), defaults) if d is not None)
     assert sum(v["tuning"]["defaults_kept"] for v in gemms["variants"]) == on_default

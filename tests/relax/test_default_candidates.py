@@ -5,28 +5,23 @@ from __future__ import annotations
 import pytest
 import tvm
 import tvm_ffi
-from tvm.script import ir as I
-from tvm.script import relax as R
+from helpers import make_module
+from tvm import relax
 
 from tvm_combiners.relax import tuning
 from tvm_combiners.relax.default_candidates import commit_defaults, default_rules, default_schedule
 from tvm_combiners.relax.runner import make_target
 
 
-@I.ir_module
-class GemmAndSoftmax:
-    @R.function
-    def main(x: R.Tensor((64, 128), "float32"), w: R.Tensor((128, 64), "float32")) -> R.Tensor((64, 64), "float32"):
-        with R.dataflow():
-            y = R.nn.relu(R.matmul(x, w))
-            z = R.nn.softmax(y, axis=-1)
-            R.output(z)
-        return z
+def _gemm_and_softmax() -> tvm.IRModule:
+    return make_module({"x": ((64, 128), "float32"), "w": ((128, 64), "float32")}, lambda bb, x, w: bb.emit(
+        relax.op.nn.softmax(bb.emit(relax.op.nn.relu(bb.emit(relax.op.matmul(x, w)))), axis=-1)))
 
 
-def _tasks(target_kind: str) -> tuple[tvm.target.Target, dict[str, object]]:
+def _tasks(target_kind: str, mod: tvm.IRModule | None = None) -> tuple[tvm.target.Target, dict[str, object]]:
+    """The MetaSchedule tasks of ``mod`` (a GEMM + relu and a softmax by default), by name."""
     target = tuning.tuning_target(make_target(target_kind))
-    tasks = tuning._ms().relax_integration.extract_tasks(tuning._fused(GemmAndSoftmax, target), target)
+    tasks = tuning._ms().relax_integration.extract_tasks(tuning._fused(mod or _gemm_and_softmax(), target), target)
     return target, {t.task_name: t for t in tasks}
 
 
@@ -130,26 +125,17 @@ def test_dlights_schedule_survives_the_json_records_and_builds_for_cuda(tmp_path
     assert tvm_ffi.structural_equal(replayed.mod, sch.mod)
 
 
-@I.ir_module
-class HalfGemm:
-    @R.function
-    def main(x: R.Tensor((128, 256), "float16"), w: R.Tensor((256, 256), "float16")) -> R.Tensor((128, 256), "float16"):
-        with R.dataflow():
-            y = R.matmul(x, w)
-            R.output(y)
-        return y
-
-
 def test_records_of_a_tensor_core_default_load_in_a_fresh_process(tmp_path):
     """Review: dlight schedules a float16 GEMM on cuda with tensor cores; the records' reader looks
     the intrinsics up, and a later run (which had not imported them) could not open its folder."""
     import subprocess
     import sys
 
-    ms = tuning._ms()
     tuning._import_tensor_intrinsics()  # as tuning has before it asks for defaults (dlight's would take ~50 s)
-    target = tuning.tuning_target(make_target("cuda"))
-    (task,) = ms.relax_integration.extract_tasks(tuning._fused(HalfGemm, target), target)
+    half = make_module({"x": ((128, 256), "float16"), "w": ((256, 256), "float16")},
+                       lambda bb, x, w: bb.emit(relax.op.matmul(x, w)))
+    target, tasks = _tasks("cuda", half)
+    (task,) = tasks.values()
     sch = default_schedule(task.dispatched[0]["main"], target)
     assert "sch.tensorize(" in str(sch.trace)
     _record(tuning._open_database(tmp_path), task, sch.trace, 1e-5, target)

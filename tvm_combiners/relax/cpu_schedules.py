@@ -156,9 +156,14 @@ def _vectorize_inner(sch: s_tir.Schedule, block: Any, lanes: int) -> None:
     sch.vectorize(inner)
 
 
+def cpu_rules() -> list[dlight.ScheduleRule]:
+    """The rules an untuned llvm build schedules with (and tuning times as each task's default)."""
+    return [CPUMatmul()]
+
+
 def default_schedules() -> tvm.transform.Pass:
     """The GEMM rule over every function no database or earlier rule has scheduled."""
-    return dlight.ApplyDefaultSchedule(CPUMatmul())
+    return dlight.ApplyDefaultSchedule(*cpu_rules())
 
 
 def _fast_erf(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:

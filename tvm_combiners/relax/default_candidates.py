@@ -20,13 +20,13 @@ import tvm
 from tvm.s_tir import dlight
 
 from ..models.loader import first_line
-from .cpu_schedules import CPUMatmul
+from .cpu_schedules import cpu_rules
 
 
 def default_rules(target: tvm.target.Target) -> list[dlight.ScheduleRule]:
     """The rules an untuned build schedules with: ours on llvm, TVM's cuda pipeline's dlight rules on cuda."""
     if target.kind.name == "llvm":
-        return [CPUMatmul()]
+        return cpu_rules()
     if target.kind.name == "cuda":
         gpu = dlight.gpu
         return [gpu.Matmul(), gpu.GEMV(), gpu.Reduction(), gpu.GeneralReduction(), gpu.Fallback()]
