@@ -300,6 +300,11 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except UsageError as err:
         _usage_error(err, argv)
+    from .host import mcpu_problem
+
+    problem = mcpu_problem()  # before any work, once (not from every rank a launch starts)
+    if problem is not None:
+        return _setup_error(args, problem)
     try:
         return int(args.func(args))
     except BrokenPipeError:  # stdout closed early (`| head`): no traceback, and none at exit either

@@ -5,7 +5,94 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+#: The environment variable that names the CPU llvm code is compiled for, in LLVM's spelling.
+MCPU_VAR = "TVM_COMBINERS_MCPU"
+
+#: LLVM's names of the x86 instruction-set extensions code generation may use, and the flag
+#: ``/proc/cpuinfo`` reports each as: a target runs here when the host has every one it enables.
+CPUINFO_FLAGS = {
+    "sse3": "pni", "ssse3": "ssse3", "sse4.1": "sse4_1", "sse4.2": "sse4_2", "sse4a": "sse4a", "popcnt": "popcnt",
+    "lzcnt": "abm", "movbe": "movbe", "bmi": "bmi1", "bmi2": "bmi2", "adx": "adx", "aes": "aes",
+    "pclmul": "pclmulqdq", "sha": "sha_ni", "avx": "avx", "avx2": "avx2", "fma": "fma", "f16c": "f16c",
+    "vaes": "vaes", "vpclmulqdq": "vpclmulqdq", "gfni": "gfni", "avxvnni": "avx_vnni",
+    "avx512f": "avx512f", "avx512bw": "avx512bw", "avx512dq": "avx512dq", "avx512cd": "avx512cd",
+    "avx512vl": "avx512vl", "avx512ifma": "avx512ifma", "avx512vbmi": "avx512vbmi",
+    "avx512vbmi2": "avx512_vbmi2", "avx512vnni": "avx512_vnni", "avx512bitalg": "avx512_bitalg",
+    "avx512vpopcntdq": "avx512_vpopcntdq", "avx512bf16": "avx512_bf16", "avx512fp16": "avx512_fp16",
+    "amx-tile": "amx_tile", "amx-int8": "amx_int8", "amx-bf16": "amx_bf16",
+}
+
+
+class HostTargetError(ValueError):
+    """``TVM_COMBINERS_MCPU`` names no CPU LLVM knows, or one whose code this machine cannot run."""
+
+
+def _llvm_query_target(cpu: str, mattr: tuple[str, ...] = ()) -> object:
+    """A target that only asks LLVM about ``cpu``: the dict form and the x86-64 triple read the same
+    in TVM 0.16 (whose default triple is riscv64) and 0.27 (which rejects option strings)."""
+    import tvm
+
+    config: dict[str, object] = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": cpu}
+    if mattr:
+        config["mattr"] = list(mattr)
+    return tvm.target.Target(config)
+
+
+@functools.cache
+def known_cpus() -> frozenset[str]:
+    """The CPU names this TVM's LLVM accepts for ``-mcpu`` on x86-64."""
+    import tvm
+
+    return frozenset(str(c) for c in tvm.target.codegen.llvm_get_cpu_archlist(_llvm_query_target("generic")))
+
+
+@functools.cache
+def cpu_features(cpu: str, mattr: tuple[str, ...] = ()) -> frozenset[str]:
+    """The features LLVM enables for ``cpu`` with ``mattr`` (``"-amx-int8"``, ...) applied."""
+    import tvm
+
+    return frozenset(str(f) for f in tvm.target.codegen.llvm_get_cpu_features(_llvm_query_target(cpu, mattr)))
+
+
+@functools.cache
+def host_flags() -> frozenset[str] | None:
+    """The CPU flags ``/proc/cpuinfo`` reports (None where there is no such file)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return None
+
+
+def missing_on_host(cpu: str, mattr: tuple[str, ...] = ()) -> list[str]:
+    """The instruction-set extensions code for ``cpu`` may use that this machine lacks (LLVM's names;
+    empty where ``/proc/cpuinfo`` cannot tell)."""
+    flags = host_flags()
+    if flags is None:
+        return []
+    return sorted(f for f in cpu_features(cpu, mattr) if f in CPUINFO_FLAGS and CPUINFO_FLAGS[f] not in flags)
+
+
+def mcpu_problem() -> str | None:
+    """Why ``TVM_COMBINERS_MCPU`` cannot be used on this machine, in one line (None when it can, or is unset)."""
+    cpu = os.environ.get(MCPU_VAR)
+    if not cpu:
+        return None
+    if cpu not in known_cpus():
+        examples = ", ".join(c for c in ("generic", "haswell", "znver3", "skylake-avx512", "sapphirerapids")
+                             if c in known_cpus())
+        return f"{MCPU_VAR}={cpu!r} is not a CPU this TVM's LLVM knows (for example {examples})"
+    missing = missing_on_host(cpu)
+    if missing:
+        return (f"{MCPU_VAR}={cpu!r}: this machine's CPU lacks {', '.join(missing)}, so code compiled for it "
+                f"would stop with an illegal instruction here")
+    return None
 
 
 def host_cpu() -> str:
@@ -13,11 +100,33 @@ def host_cpu() -> str:
 
     A bare ``llvm`` target means ``-mcpu=generic``: baseline x86-64, SSE2 without FMA, a quarter of
     an AVX2 core's arithmetic. TVM 0.27 rejects ``native`` under its wheel's conda triple, so the
-    CPU is named explicitly. Set the variable to ``generic`` for code that must run on any x86-64.
+    CPU is named explicitly. Set the variable to ``generic`` for code that must run on any x86-64;
+    a name LLVM does not know, or a CPU with extensions this machine lacks, raises
+    :class:`HostTargetError`.
     """
     import tvm
 
-    return os.environ.get("TVM_COMBINERS_MCPU") or str(tvm.target.codegen.llvm_get_system_cpu())
+    problem = mcpu_problem()
+    if problem is not None:
+        raise HostTargetError(problem)
+    return os.environ.get(MCPU_VAR) or str(tvm.target.codegen.llvm_get_system_cpu())
+
+
+def llvm_options(cpu: str | None = None, leave_out: Iterable[str] = ()) -> dict[str, Any]:
+    """llvm target options for ``cpu`` (this machine's, :func:`host_cpu`, by default):
+    ``{"mcpu": ..., "mattr": ["-feature", ...]}``.
+
+    ``leave_out``: extensions a TVM build mishandles, turned off where the CPU has them (``mattr``
+    is absent when nothing is). For this machine's own CPU model, an extension LLVM expects of it
+    that the machine does not report (a hypervisor may hide some) is turned off too. A ``cpu``
+    given here is not checked against this machine: the code is for compiling, not for running here.
+    """
+    host = cpu is None
+    cpu = host_cpu() if host else cpu
+    off = [f for f in leave_out if f in cpu_features(cpu)]
+    if host and not os.environ.get(MCPU_VAR):
+        off += [f for f in missing_on_host(cpu) if f not in off]
+    return {"mcpu": cpu, "mattr": [f"-{f}" for f in off]} if off else {"mcpu": cpu}
 
 
 #: The cores the process started with, read when this module is first imported: TVM's thread pool

@@ -5,10 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
+from cpu_matrix import cpus
 from helpers import make_module
 from tvm import relax
 from tvm.script import tirx as T
 
+from tvm_combiners.host import cpu_features
 from tvm_combiners.relax.cpu_schedules import CPUMatmul, cpu_pipeline, default_schedules, fusion_passes
 from tvm_combiners.relax.runner import compile_module, make_target, run_vm
 
@@ -71,9 +73,15 @@ def _inputs(name: str) -> list[np.ndarray]:
     return [rng.standard_normal([sizes.get(d, d) for d in shape]).astype(dtype) for shape, dtype in params.values()]
 
 
-def _fused(mod: tvm.IRModule, *then: tvm.transform.Pass) -> tvm.IRModule:
-    """``mod`` fused as the llvm pipeline fuses it, then ``then``."""
-    target = make_target("llvm")
+def _float_lanes(cpu: str) -> int:
+    """float32 lanes of the CPU's widest vector registers, from LLVM's features of it."""
+    features = cpu_features(cpu)
+    return 16 if "avx512f" in features else 8 if "avx" in features else 4
+
+
+def _fused(mod: tvm.IRModule, *then: tvm.transform.Pass, cpu: str | None = None) -> tvm.IRModule:
+    """``mod`` fused as the llvm pipeline fuses it (for ``cpu``, this machine's by default), then ``then``."""
+    target = make_target("llvm", cpu)
     with target:
         return tvm.transform.Sequential([*fusion_passes(target), *then])(mod)
 
@@ -83,10 +91,10 @@ def _gemm_function(mod: tvm.IRModule) -> tvm.tirx.PrimFunc:
     return func
 
 
-def _scheduled(mod: tvm.IRModule) -> dict[str, bool]:
+def _scheduled(mod: tvm.IRModule, cpu: str | None = None) -> dict[str, bool]:
     """Each fused function that reads a matmul: did the default schedules schedule it?"""
     return {gv.name_hint: bool(f.attrs.get("tirx.is_scheduled", False))
-            for gv, f in _fused(mod, default_schedules()).functions_items()
+            for gv, f in _fused(mod, default_schedules(), cpu=cpu).functions_items()
             if isinstance(f, tvm.tirx.PrimFunc) and "matmul" in gv.name_hint}
 
 
@@ -113,21 +121,42 @@ def test_the_epilogue_is_computed_per_tile_in_parallel_and_vectorized():
         assert all(a.same_as(b) for a, b in zip(loops, tile))
 
 
-@pytest.mark.parametrize("depth, extents", [
-    (64, [2, 4, 64, 4, 16]), (256, [2, 4, 256, 4, 16]),  # B's column block fits L1 whole
-    (512, [2, 2, 4, 256, 4, 16]), (384, [2, 2, 4, 192, 4, 16]),  # K blocks outside the rows: each is read once
-    (320, [2, 4, 320, 4, 16]),  # no block divides K
-], ids=["shallow", "256", "blocks of 256", "blocks of 192", "no block divides"])
-def test_k_is_blocked_where_a_block_divides_it(depth, extents):
+@pytest.mark.parametrize("cpu", cpus())
+def test_every_form_is_scheduled_for_every_cpu(cpu):
+    """4-, 8- and 16-wide float vectors: a width the widest vector does not divide takes a narrower one."""
+    assert {name: list(_scheduled(_module(name), cpu).values()) for name in FORMS} == \
+        {name: [scheduled] for name, scheduled in SCHEDULED.items()}
+
+
+@pytest.mark.parametrize("cpu", cpus())
+@pytest.mark.parametrize("depth, k_block", [(64, None), (256, None), (512, 256), (384, 192), (320, None)],
+                         ids=["shallow", "256", "blocks of 256", "blocks of 192", "no block divides"])
+def test_k_is_blocked_where_a_block_divides_it(depth, k_block, cpu):
+    """A (16, depth) x (depth, 32) GEMM: tiles of 4 rows by two of the CPU's vectors where two divide
+    the 32 columns (one where only one does); K in blocks of 256 or 192 where one divides K and it
+    exceeds 256 (a 256-deep column block of B fits L1 whole)."""
     mod = make_module({"x": ((16, depth), F32), "w": ((depth, 32), F32)},
                       lambda bb, x, w: bb.emit(R.add(bb.emit(R.matmul(x, w)), relax.const(1.0, F32))))
-    sch = CPUMatmul().apply(_gemm_function(mod), make_target("llvm"), False)
-    loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock("matmul_update"))]
+    target = make_target("llvm", cpu)
+    sch = CPUMatmul().apply(_gemm_function(mod), target, False)
+    lanes = _float_lanes(cpu)
+    tile = 2 * lanes if 32 % (2 * lanes) == 0 else lanes
     # column blocks (parallel), [K blocks], row tiles, K (in a block), tile rows, tile columns
+    extents = [32 // tile, 4, depth, 4, tile] if k_block is None else [32 // tile, depth // k_block, 4, k_block, 4, tile]
+    loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock("matmul_update"))]
     assert [int(loop.extent) for loop in loops] == extents and loops[0].kind == tvm.tirx.ForKind.PARALLEL
+    assert loops[-1].kind == tvm.tirx.ForKind.VECTORIZED
     epilogue = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock("T_add"))]
-    shared = 1 if len(extents) == 6 else 2  # on the column block, or on each tile
+    shared = 1 if k_block else 2  # on the column block, or on each tile
     assert all(a.same_as(b) for a, b in zip(epilogue[:shared], loops)) and not epilogue[shared].same_as(loops[shared])
+
+
+@pytest.mark.parametrize("cpu", cpus())
+def test_a_width_only_a_narrower_vector_divides_takes_it(cpu):
+    """8 columns: two SSE vectors a tile, one AVX2 vector, or half an AVX-512 one (instead of no schedule)."""
+    sch = CPUMatmul().apply(_gemm_function(_module("odd rows")), make_target("llvm", cpu), False)
+    inner = sch.get(sch.get_loops(sch.get_sblock("matmul_update"))[-1])
+    assert inner.kind == tvm.tirx.ForKind.VECTORIZED and int(inner.extent) == 8
 
 
 @T.prim_func(s_tir=True)

@@ -70,6 +70,9 @@ def test_an_error_in_compiled_code_is_reported_with_its_message(tmp_path: Path) 
     env = {**os.environ, "TVM_COMBINERS_RECV_TIMEOUT": "2"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150, env=env)
     assert proc.returncode not in (0, 124), proc.stderr[-3000:]
-    for rank in range(2):
-        assert (f"tvm-combiners launch: rank {rank} failed: TimeoutError: tvm_combiners.recv: channel 2: nothing came "
-                f"from rank {1 - rank} in 2 s: a recv placed before the send it waits for never returns") in proc.stderr
+    # the first rank whose recv gives up ends the job: the other, reaching its recv later (an uneven
+    # relay.build on a loaded machine), may be stopped before its own gives up
+    reported = [rank for rank in range(2) if
+                (f"tvm-combiners launch: rank {rank} failed: TimeoutError: tvm_combiners.recv: channel 2: nothing came "
+                 f"from rank {1 - rank} in 2 s: a recv placed before the send it waits for never returns") in proc.stderr]
+    assert reported, proc.stderr[-3000:]

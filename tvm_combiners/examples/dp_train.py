@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..host import host_cpu
+from ..host import llvm_options
 from .report import max_abs, rel_diff, worst
 
 EPS = 1e-5
@@ -380,7 +380,7 @@ def run(cfg: Config) -> dict[str, Any]:
     progress(TAG, f"{world} ranks; building the step ({cfg.layers} layers, hidden {cfg.hidden}, "
                   f"{cfg.batch_per_rank} rows per rank)")
     names = variant_names()
-    target = tvm.target.Target({"kind": "llvm", "opt-level": cfg.opt_level, "mcpu": host_cpu()})
+    target = tvm.target.Target({"kind": "llvm", "opt-level": cfg.opt_level, **llvm_options()})
     built: dict[str, tuple[list[int], list[str]]] = {}
 
     def compile_variant(name: str) -> Any:  # only on the rank that compiles it

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..host import host_cpu
+from ..host import llvm_options
 
 TAG = "pipeline-bert"
 TOL = 1e-4
@@ -339,7 +339,7 @@ def run(cfg: Config) -> dict[str, Any]:
     if combiner is not None:
         notes: list[str] = []
         variants["combined"] = (combiner(on_combine=lambda c: notes.append(c.describe()))(base), notes)
-    target = tvm.target.Target({"kind": "llvm", "opt-level": cfg.opt_level, "mcpu": host_cpu()})
+    target = tvm.target.Target({"kind": "llvm", "opt-level": cfg.opt_level, **llvm_options()})
     builders = {name: (lambda m=m: tvm.compile(m, target=target, relax_pipeline=C.pipeline(target)))
                 for name, (m, _) in variants.items()}
     libs, compile_s = compile_shared(builders, TAG)

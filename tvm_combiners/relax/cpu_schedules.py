@@ -49,10 +49,14 @@ def _reads(expr: Any, var: tirx.Var) -> bool:
     return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
 
 
-def _vector_lanes(target: Target, dtype_bits: int) -> int:
-    """Lanes of the widest vector registers the target's CPU has (LLVM's own answer says 512 for any x86)."""
+def _vector_lanes(target: Target, dtype_bits: int, width: int) -> int | None:
+    """Lanes of the widest vector of the target's CPU that divides ``width`` elements: its widest
+    registers (LLVM's own answer says 512 bits for any x86), else a half or a quarter of them, down
+    to 128 bits (8 floats on AVX-512 are one AVX2 register). None where none divides."""
     bits = next((b for feature, b in (("avx512f", 512), ("avx", 256)) if target_has_features(feature, target)), 128)
-    return max(bits // dtype_bits, 1)
+    widths = [lanes for lanes in (bits // dtype_bits, bits // dtype_bits // 2, bits // dtype_bits // 4)
+              if lanes >= 1 and lanes * dtype_bits >= 128]
+    return next((lanes for lanes in widths or [1] if width % lanes == 0), None)
 
 
 class CPUMatmul(dlight.ScheduleRule):
@@ -84,11 +88,11 @@ class CPUMatmul(dlight.ScheduleRule):
             return None
         main = reductions[0]
         bits = sch.get(main.block_rv).writes[0].source.dtype.bits
-        lanes = _vector_lanes(target, bits)
         *batch, i, j, k = sch.get_loops(main.block_rv)
         cols, rows = _extent(sch, j), _extent(sch, i)
-        if cols is None or cols % lanes:
-            return None  # a vector tile needs a static width: these stay as they were
+        lanes = None if cols is None else _vector_lanes(target, bits, cols)
+        if lanes is None:
+            return None  # a vector tile needs a static width a vector divides: these stay as they were
         tile_cols = lanes * TILE_VECTORS if cols % (lanes * TILE_VECTORS) == 0 else lanes
         tile_rows = next(t for t in (TILE_ROWS, 2, 1) if rows is None or rows % t == 0)
         io, ii = sch.split(i, [None, tile_rows])

@@ -218,11 +218,11 @@ def _matmul_root(name: str, attrs: Any, graph: Graph, node: Any) -> RootInfo | N
     return root
 
 
-#: Data types of convolutions left alone: TVM 0.16's x86 int8 conv2d, for any ``-mcpu`` from SSE4.2
-#: up (``make_target`` passes the host's), computes garbage for some shapes (seen: 3x3 kernels with 4
-#: output channels; 1x1 kernels, and 3x3 with 16 channels, are right), so combining could move a
-#: correct branch (a 1x1 padded to 3x3, 16 channels joined to 4) onto a miscompiled kernel. Relax
-#: (TVM 0.27) computes both forms correctly, and its adapter combines them.
+#: Data types of convolutions left alone: built with a plain ``relay.build`` for an x86 CPU without
+#: VNNI, TVM 0.16's int8 conv2d adds pairs of products in saturating 16-bit sums (wrong in 33-99% of
+#: the elements), and combining would move more branches onto it. The package's own builds widen
+#: them (``runner.for_target``); Relax (TVM 0.27) computes both forms correctly, and its adapter
+#: combines them.
 EIGHT_BIT = ("int8", "uint8")
 
 
