@@ -162,7 +162,8 @@ def test_failing_rank_ends_the_job_and_is_named(tmp_path: Path) -> None:
 
 def test_ranks_that_disagree_on_a_symbolic_shape_all_raise(tmp_path: Path) -> None:
     """MPI does not notice an allgather whose ranks give different sizes: the larger ranks' results
-    kept garbage and the job exited 0. Compiled collectives of a run-time shape compare shapes first."""
+    kept garbage and the job exited 0. Compiled collectives of a run-time shape compare shapes first,
+    and so does every R.ccl op the runtime serves (its shape may have been symbolic)."""
     n = 2
     proc = _run(n, "shapes", tmp_path, timeout=200)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -174,9 +175,18 @@ def test_ranks_that_disagree_on_a_symbolic_shape_all_raise(tmp_path: Path) -> No
         np.testing.assert_array_equal(got["allgather"], np.concatenate(inputs, axis=1))
         np.testing.assert_array_equal(got["reduce_scatter"], np.split(inputs[0] + inputs[1], n, axis=1)[rank])
         errors = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        ccl = {f"ccl_{kind}": errors.pop(f"ccl_{kind}") for kind in ("allreduce", "allgather")}
         assert errors == {kind: f"ValueError: tvm_combiners.{kind}: the ranks give x of different shapes (extents "
                                 f"(3..4, 4) across the group; rank {rank} gives ({3 + rank}, 4)): {kind} needs the "
                                 "same shape on every rank" for kind in ("allreduce", "allgather", "reduce_scatter")}
+        # TVM's own R.ccl ops over (rows, cols): (2, 3) on rank 0, (3, 2) on rank 1, the same bytes
+        ccl_inputs = [data(m, (3, 2), "float32", 8) for m in range(n)]
+        np.testing.assert_array_equal(got["ccl_allreduce"], ccl_inputs[0] + ccl_inputs[1])
+        np.testing.assert_array_equal(got["ccl_allgather"], np.concatenate(ccl_inputs))
+        assert ccl == {f"ccl_{kind}": f"ValueError: runtime.disco.{kind}: the ranks give x of different shapes "
+                                      f"(extents (2..3, 2..3) across the group; rank {rank} gives "
+                                      f"({2 + rank}, {3 - rank})): {kind} needs the same shape on every rank"
+                       for kind in ("allreduce", "allgather")}
 
 
 @pytest.mark.parametrize("check", [False, True])
@@ -190,15 +200,27 @@ def test_ranks_calling_different_collectives_are_caught_when_asked(check: bool, 
     sent = prog.data(0, (4, 2), "float32", 2)
     if not check:  # the silent cases the check exists for: no error on either rank
         assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.npz", "rank1.npz"]
-        np.testing.assert_array_equal(np.load(tmp_path / "rank1.npz")["p2p"], sent.reshape(2, 4))
+        got = np.load(tmp_path / "rank1.npz")
+        np.testing.assert_array_equal(got["p2p"], sent.reshape(2, 4))
+        blocks = [prog.data(r, (2,), "float32", 4) for r in range(2)]
+        np.testing.assert_array_equal(got["groups"], np.concatenate(blocks))  # rank 1 asked for (1, 0)
         return
+    rule = ("every rank must call the same collectives in the same order (modules whose compute differs per "
+            "rank may combine differently: combine one module for every rank)")
     for rank in range(2):
         errors = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert errors.pop("out") == (
             "tvm_combiners.allreduce: the ranks of the group call different collectives here "
-            "(rank 0: allreduce sum of (3,) float32; rank 1: allreduce prod of (3,) float32): every rank "
-            "must call the same collectives in the same order (modules whose compute differs per rank "
-            "may combine differently: combine one module for every rank)")
+            f"(rank 0: allreduce sum of (3,) float32 in group (0,1); rank 1: allreduce prod of (3,) float32 in "
+            f"group (0,1)): {rule}")
+        assert errors.pop("ccl") == (  # TVM's own R.ccl op, served by the runtime
+            "runtime.disco.allreduce: the ranks of the group call different collectives here "
+            f"(rank 0: allreduce sum of (3,) float32 in group (0,1); rank 1: allreduce prod of (3,) float32 in "
+            f"group (0,1)): {rule}")
+        assert errors.pop("groups") == (  # rank 1 lists the group in the other order: its blocks' order
+            "tvm_combiners.allgather: the ranks of the group call different collectives here "
+            f"(rank 0: allgather axis 0 of (2,) float32 in group (0,1); rank 1: allgather axis 0 of (2,) float32 "
+            f"in group (1,0)): {rule}")
         assert errors == ({} if rank == 0 else {
             "p2p": "tvm_combiners.recv: channel 5 from rank 0 sent float32 (4, 2), but the recv expects float32 "
                    "(2, 4): the send's shape or dtype differs from the recv's"})

@@ -73,6 +73,21 @@ def shapes(out_dir: Path, n: int, me: int) -> None:
             vm[kind](tvm.runtime.tensor(data(me, (3 + me, 2 * n), "float32", 7)))
         except Exception as err:  # raised on every rank, after they all compared shapes: no rank waits
             errors[kind] = f"{type(err).__name__}: {str(err).strip().splitlines()[-1]}"
+    # TVM's own R.ccl ops over (rows, cols), both symbolic: rank 0 gives (2, 3), rank 1 (3, 2), the same bytes
+    rows, cols = tirx.Var("rows", "int64"), tirx.Var("cols", "int64")
+    bb = relax.BlockBuilder()
+    ccl = {"ccl_allreduce": lambda x: relax.op.ccl.allreduce(x, "sum"), "ccl_allgather": lambda x: relax.op.ccl.allgather(x, n)}
+    for kind, make in ccl.items():
+        x = relax.Var("x", relax.TensorType((rows, cols), "float32"))
+        with bb.function(kind, [x]):
+            bb.emit_func_output(bb.emit(make(x)))
+    vm = relax.VirtualMachine(tvm.compile(bb.get(), "llvm"), tvm.cpu())
+    for kind in ccl:
+        got[kind] = vm[kind](tvm.runtime.tensor(data(me, (3, 2), "float32", 8))).numpy()
+        try:
+            vm[kind](tvm.runtime.tensor(data(me, (2 + me, 3 - me), "float32", 8)))
+        except Exception as err:  # noqa: BLE001 - the type and message are what the test checks
+            errors[kind] = f"{type(err).__name__}: {str(err).strip().splitlines()[-1]}"
     np.savez(out_dir / f"rank{me}.npz", **got)
     (out_dir / f"rank{me}.json").write_text(json.dumps(errors))
 
@@ -163,17 +178,26 @@ def main() -> None:
         # is a user op since 2026-11-24, and MPICH aborts on one mixed with its own SUM: not silent);
         # then a send of (4, 2) meets a recv of (2, 4): the same bytes, so MPI takes that too
         got, errors = {}, {}
+        # TVM's R.ccl.allreduce, served by the runtime, sums on rank 0 and multiplies on rank 1 too; then an
+        # allgather whose group lists the ranks in another order on rank 1 (its blocks' order)
+        bb = relax.BlockBuilder()
+        xv = relax.Var("x", relax.TensorType((3,), "float32"))
+        with bb.function("main", [xv]):
+            bb.emit_func_output(bb.emit(relax.op.ccl.allreduce(xv, "prod" if me == 1 else "sum")))
+        ccl = relax.VirtualMachine(tvm.compile(bb.get(), target="llvm"), tvm.cpu())
         calls = {"out": lambda out: fn["allreduce"](tensor(data(me, (3,), "float32", 1)), "prod" if me == 1 else "sum",
                                                     "", out),
                  "p2p": lambda out: (fn["send"](tensor(data(me, (4, 2), "float32", 2)), "0,1", 5, 0, empty((), "int32")),
-                                     fn["recv"]("0,1", 5, 0, out))}
+                                     fn["recv"]("0,1", 5, 0, out)),
+                 "ccl": lambda out: out.copyfrom(ccl["main"](tensor(data(me, (3,), "float32", 3)))),
+                 "groups": lambda out: fn["allgather"](tensor(data(me, (2,), "float32", 4)), 0, "1,0" if me else "0,1", out)}
         for key, call in calls.items():
-            out = empty((3,) if key == "out" else (2, 4), "float32")
+            out = empty({"p2p": (2, 4), "groups": (4,)}.get(key, (3,)), "float32")
             try:
                 call(out)
                 got[key] = out.numpy()
             except Exception as err:  # noqa: BLE001 - the message is what the test checks
-                errors[key] = str(err)
+                errors[key] = str(err).strip().splitlines()[-1]
         np.savez(out_dir / f"rank{me}.npz", **got)
         if errors:
             (out_dir / f"rank{me}.json").write_text(json.dumps(errors))

@@ -5,6 +5,12 @@ ShapeTuple([kind]), in_group)``, ``R.ccl.allgather`` to ``runtime.disco.allgathe
 ``R.ccl.broadcast_from_worker0`` to ``runtime.disco.broadcast_from_worker0(x, in_group)``, the output
 passed last (checked in TVM 0.27 and 0.16).  Outside a disco session there is one group, all ranks,
 so ``in_group`` selects nothing; worker 0 is rank 0.
+
+Each call first checks that every rank gives an operand of one shape (one small allreduce): a
+legalized ``R.ccl`` op does not say whether its shape was symbolic, and MPI takes ranks whose
+shapes differ but whose byte counts agree, each reading the others' data in its own layout.
+Under ``TVM_COMBINERS_CHECK_COLLECTIVES=1`` each also checks that every rank calls the same
+collective (:func:`~.functions.same_call`), as the package's own ops do.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import functions, tensors
-from .comm import group
+from .comm import Group, group
 
 KINDS = ("sum", "prod", "min", "max", "avg")  # the order of R.ccl's op_type codes
 
@@ -30,13 +36,22 @@ def _out(name: str, rest: tuple[Any, ...]) -> Any:
     return rest[-1]
 
 
+def _checked(name: str, what: str, x: Any) -> Group:
+    """The group of all ranks, once every rank gives ``x`` of one shape (and, in check mode, calls ``what``)."""
+    grp = group("", name)
+    functions.same_shape(name, what.split()[0], grp, x)
+    if functions._CHECK:
+        functions.same_call(name, grp, functions.describe(x, what, grp))
+    return grp
+
+
 def allreduce(x: Any, kind: Any, *rest: Any) -> None:
     name = "runtime.disco.allreduce"
     out = _out(name, rest)
     code = int(kind[0])
     if not 0 <= code < len(KINDS):
         raise ValueError(f"{name}: unknown reduction code {code}: expected 0-4 ({', '.join(KINDS)})")
-    grp = group("", name)
+    grp = _checked(name, f"allreduce {KINDS[code]}", x)
     if tensors.is_host(x):
         functions.allreduce_np(name, grp, tensors.host_view(x), KINDS[code], tensors.host_view(out))
     else:
@@ -46,7 +61,7 @@ def allreduce(x: Any, kind: Any, *rest: Any) -> None:
 def allgather(x: Any, *rest: Any) -> None:
     name = "runtime.disco.allgather"
     out = _out(name, rest)
-    grp = group("", name)
+    grp = _checked(name, "allgather axis 0", x)
     if tensors.is_host(x):
         functions.allgather_np(name, grp, tensors.host_view(x), 0, tensors.host_view(out))
     else:
@@ -56,7 +71,7 @@ def allgather(x: Any, *rest: Any) -> None:
 def broadcast_from_worker0(x: Any, *rest: Any) -> None:
     name = "runtime.disco.broadcast_from_worker0"
     out = _out(name, rest)
-    grp = group("", name)
+    grp = _checked(name, "broadcast_from_worker0", x)
     if tensors.is_host(x):
         functions.broadcast_np(name, grp, tensors.host_view(x), tensors.host_view(out))
     else:
@@ -66,7 +81,7 @@ def broadcast_from_worker0(x: Any, *rest: Any) -> None:
 def scatter_from_worker0(x: Any, *rest: Any) -> None:
     name = "runtime.disco.scatter_from_worker0"
     out = _out(name, rest)
-    grp = group("", name)
+    grp = _checked(name, "scatter_from_worker0", x)
     if tensors.is_host(x):
         functions.scatter_np(name, grp, tensors.host_view(x), tensors.host_view(out))
     else:

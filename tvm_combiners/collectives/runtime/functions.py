@@ -173,7 +173,7 @@ def scatter_np(name: str, grp: Group, x: np.ndarray, out: np.ndarray) -> None:
 #: ``TVM_COMBINERS_CHECK_COLLECTIVES=1``: every collective first checks that its whole group calls the
 #: same one, and every recv that its send sent the shape and dtype it expects.
 _CHECK = checking_collectives()
-_CALL_BYTES = 96  # how much of each rank's description a mismatch report shows
+_CALL_BYTES = 128  # how much of each rank's description a mismatch report shows
 
 
 _HEADER_BYTES = 1024  # a p2p check header: the dtype and every extent of a tensor of up to ~40 dims
@@ -186,8 +186,10 @@ def _shape_text(x: Any) -> str:
     return str(tuple(int(d) for d in x.shape))
 
 
-def _describe(x: Any, detail: str) -> str:
-    return f"{detail} of {_shape_text(x)} {x.dtype}"
+def describe(x: Any, detail: str, grp: Group) -> str:
+    """What a collective call computes, for :func:`same_call`: the call, its operand's shape and
+    dtype, and this rank's group in its order (the order of an allgather's blocks)."""
+    return f"{detail} of {_shape_text(x)} {x.dtype} in group ({','.join(map(str, grp.members))})"
 
 
 def _payload_text(x: Any) -> str:
@@ -409,8 +411,9 @@ _groups = _comm._groups
 
 
 def same_call(name: str, grp: Group, call: str) -> None:
-    """Raise on every rank of the group unless every member is calling ``call`` (kind, reduction, axis,
-    shape, dtype) here: one small allreduce, and an allgather of descriptions when they differ.
+    """Raise on every rank of the group unless every member is calling ``call`` (:func:`describe`:
+    kind, reduction, axis, shape, dtype, group) here: one small allreduce, and an allgather of
+    descriptions when they differ.
 
     The collective combiners decide from each rank's own module: ranks whose modules link their
     collectives by different dependences (compute that differs per rank) may get different combined
@@ -424,8 +427,9 @@ def same_call(name: str, grp: Group, call: str) -> None:
     if seen[0] == -seen[1]:
         return
     every = np.empty((grp.size, _CALL_BYTES), np.uint8)
-    grp.comm.Allgather(_text_row(call), every)
-    calls = "; ".join(f"rank {m}: {_row_text(row)}" for m, row in zip(grp.members, every))
+    # each names itself: ranks that list the group in different orders disagree on who is where
+    grp.comm.Allgather(_text_row(f"rank {_comm.rank()}: {call}"), every)
+    calls = "; ".join(_row_text(row) for row in every)
     raise RuntimeError(f"{name}: the ranks of the group call different collectives here ({calls}): every rank "
                        "must call the same collectives in the same order (modules whose compute differs per "
                        "rank may combine differently: combine one module for every rank)")
@@ -441,7 +445,7 @@ def allreduce(x: Any, op: str, groups: str, out: Any) -> None:
     name = "tvm_combiners.allreduce"
     grp = _groups.get(groups) or group(groups, name)
     if _CHECK:
-        same_call(name, grp, _describe(x, f"allreduce {op}"))
+        same_call(name, grp, describe(x, f"allreduce {op}", grp))
     if x.__dlpack_device__()[0] == tensors.CPU:
         xv, ov = _view(x), _view(out)
         mop = _mpi_ops.get(op)
@@ -459,7 +463,7 @@ def allgather(x: Any, axis: int, groups: str, out: Any) -> None:
     name = "tvm_combiners.allgather"
     grp = _groups.get(groups) or group(groups, name)
     if _CHECK:
-        same_call(name, grp, _describe(x, f"allgather axis {axis}"))
+        same_call(name, grp, describe(x, f"allgather axis {axis}", grp))
     if tensors.is_host(x):
         allgather_np(name, grp, _view(x), axis, _view(out))
     else:
@@ -470,7 +474,7 @@ def reduce_scatter(x: Any, op: str, axis: int, groups: str, out: Any) -> None:
     name = "tvm_combiners.reduce_scatter"
     grp = _groups.get(groups) or group(groups, name)
     if _CHECK:
-        same_call(name, grp, _describe(x, f"reduce_scatter {op} axis {axis}"))
+        same_call(name, grp, describe(x, f"reduce_scatter {op} axis {axis}", grp))
     if tensors.is_host(x):
         reduce_scatter_np(name, grp, _view(x), op, axis, _view(out))
     else:
@@ -482,11 +486,15 @@ def agree_shapes(x: Any, kind: str, groups: str) -> None:
 
     Compiled code calls this before a collective whose operand's shape is only known at run time:
     MPI itself does not notice ranks that disagree (an allgather then fills the tail of the larger
-    ranks' results with whatever the smaller ones had, and exits 0). One small allreduce of the
-    extents and their negatives gives every rank the largest and smallest extent per axis.
+    ranks' results with whatever the smaller ones had, and exits 0).
     """
     name = RUNTIME_PREFIX + kind
-    grp = _groups.get(groups) or group(groups, name)
+    same_shape(name, kind, _groups.get(groups) or group(groups, name), x)
+
+
+def same_shape(name: str, kind: str, grp: Group, x: Any) -> None:
+    """:func:`agree_shapes` on a group: one small allreduce of the extents and their negatives gives
+    every rank the largest and smallest extent per axis (the number of axes is the module's own)."""
     shape = tuple(int(d) for d in x.shape)
     own = np.array([*shape, *(-d for d in shape)], np.int64)
     seen = np.empty_like(own)
