@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -279,38 +280,6 @@ def test_an_unreadable_ledger_counts_every_task_untuned(tmp_path):
     assert tuning._read_ledger(tmp_path) == {"1": 2}
 
 
-def test_an_interrupt_inside_metaschedule_stays_an_interrupt():
-    """TVM's FFI turned Ctrl-C during tuning into a RuntimeError: 'a bug in tvm-combiners', exit 1."""
-    import signal
-
-    def ffi_call() -> None:  # how the KeyboardInterrupt came back out of TVM's C++
-        try:
-            os.kill(os.getpid(), signal.SIGINT)
-        except KeyboardInterrupt as err:
-            raise RuntimeError("KeyboardInterrupt") from err
-
-    with pytest.raises(KeyboardInterrupt):
-        with tuning._interrupt_kept():
-            ffi_call()
-    with pytest.raises(KeyboardInterrupt):  # review: caught as a failed build (a default schedule's), it was lost
-        with tuning._interrupt_kept():
-            try:
-                ffi_call()
-            except RuntimeError:
-                pass
-    with pytest.raises(RuntimeError, match="^other$"):  # any other error as it was
-        with tuning._interrupt_kept():
-            raise RuntimeError("other")
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # review: nohup's ignored SIGINT was caught again
-    try:
-        with tuning._interrupt_kept():
-            os.kill(os.getpid(), signal.SIGINT)
-        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
 def test_search_population_follows_the_budget():
     # MetaSchedule's 512 from 32 trials up; smaller budgets evolve fewer schedules they never measure
     assert [tuning._search_strategy(t).population_size for t in (1, 2, 8, 32, 64, 1000)] == [32, 32, 128, 512, 512, 512]
@@ -414,3 +383,37 @@ def test_cuda_tasks_get_a_search_space_and_their_candidates_build(tmp_path):
     assert spaces
     built = tuning.build_candidate(spaces[0].mod, target, None)
     assert "__global__" in built.imports[0].inspect_source()  # a cuda kernel, compiled
+
+
+def test_records_that_cannot_be_written_whole_fail_the_run_and_keep_the_folder(tmp_path):
+    """``ulimit -f`` (or a full disk) while MetaSchedule appends records: the run said "records in
+    <dir>" and exit 0, the file was cut mid-record, and the next run refused the whole folder."""
+    prog = [sys.executable, str(Path(__file__).parent / "tune_records_prog.py"), str(tmp_path)]
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*prog, *args], capture_output=True, text=True, timeout=300)
+
+    assert run("a", "3").returncode == 0
+    folder = tuning.tune_dir(tmp_path, tuning.tuning_target(make_target("llvm")))
+    before = {p.name: p.read_bytes() for p in folder.glob("*.json")}
+    assert len(tuning._open_database(folder)) == 3
+    cut = run("b", "20", "300")  # 300 bytes of room: the new workload (kilobytes) is cut mid-line
+    assert cut.returncode == 2, cut.stderr[-2000:]
+    line = cut.stderr.splitlines()[-1]
+    assert line.startswith("the tuning records could not be written in full (they do not read back: ")
+    assert line.endswith(f"): the records in {folder} are kept as they were; free some space (or raise the file "
+                         "size limit) and tune again")
+    assert {p.name: p.read_bytes() for p in folder.glob("*.json")} == before and not (folder / ".staging").exists()
+    assert run("b", "2").returncode == 0  # room again: the next run adds its records to those kept
+    assert len(tuning._open_database(folder)) == 5
+
+
+@pytest.mark.parametrize("missing", ["psutil", "cloudpickle"])
+def test_tune_without_what_metaschedule_imports_names_what_to_install(missing, capsys, tmp_path, monkeypatch):
+    """It said "internal error ... a bug in tvm-combiners" (exit 1): a setup the user completes."""
+    monkeypatch.setitem(sys.modules, missing, None)  # its import fails, as where it is not installed
+    model = parallel_matmuls(tmp_path / "p.onnx")
+    assert main(["run", str(model), "--ir", "relax", "--tune", "1", "--tune-dir", str(tmp_path / "t")]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"tvm-combiners: error: --tune needs the package {missing}, which MetaSchedule imports to tune: "
+        f"pip install {missing}"]

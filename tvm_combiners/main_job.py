@@ -15,6 +15,7 @@ from typing import Any, Protocol, TextIO
 import numpy as np
 
 from .host import on_start_cores
+from .interrupts import keep_interrupts
 from .models import (
     ModelError,
     default_model_path,
@@ -281,9 +282,11 @@ def _stage(path: str, stage: str, what: str, bad_input: bool) -> Iterator[None]:
     """Turn any failure inside the block into a JobError naming ``stage``.
 
     ``what`` prefixes the message of an unexpected exception (a ModelError already says it all).
+    A Ctrl-C inside the block ends it in KeyboardInterrupt, whatever TVM made of it.
     """
     try:
-        yield
+        with keep_interrupts():
+            yield
     except JobError:
         raise
     except ModelError as err:
@@ -403,7 +406,8 @@ def run_job(model_path: str | None = None, target: str = "llvm", ir: str | None 
         reference = run_onnxruntime(model, inputs)
     progress(f"importing into {ir}")
     try:
-        baseline = backend.import_model(model)
+        with keep_interrupts():
+            baseline = backend.import_model(model)
     except Exception as err:
         raise JobError(path, "import", _import_problem(err, ir)) from err
     report = JobReport(path, ir, target, batch, seq, combine_as="stack" if stack else "concat",

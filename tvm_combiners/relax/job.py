@@ -45,7 +45,7 @@ class RelaxBackend:
             return "--tune measures candidates on the device: tuning for cuda needs a CUDA GPU here"
         from . import tuning
 
-        return tuning.folder_problem(root, runner.make_target(target))
+        return tuning.dependency_problem() or tuning.folder_problem(root, runner.make_target(target))
 
     def tune(self, mod: Any, target: str, trials: int, root: str | None, say: Any, tasks: str) -> tuple[Any, Any]:
         from . import tuning

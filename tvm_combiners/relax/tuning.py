@@ -11,15 +11,15 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import importlib
 import inspect
 import json
 import linecache
 import logging
 import os
 import re
-import signal
+import shutil
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,6 +28,8 @@ from typing import Any
 
 import tvm
 
+from ..host import usable_cores
+from ..interrupts import keep_interrupts
 from ..main_job import MAX_TRIALS, TUNE_TASKS, UserError
 from ..models.loader import first_line
 from .cpu_schedules import cpu_pipeline, fusion_passes
@@ -63,13 +65,14 @@ def is_gemm_task(name: str) -> bool:
 
 
 def tuning_target(target: tvm.target.Target) -> tvm.target.Target:
-    """``target`` with what MetaSchedule needs and the default targets leave out: the physical core
-    count on CPUs (as it expects), the thread and shared-memory limits on cuda (its thread-binding
-    rules stop at the first task without them)."""
+    """``target`` with what MetaSchedule needs and the default targets leave out: the core count on
+    CPUs (physical cores, as it expects, but no more than this process may use: a container's, not
+    its host's), the thread and shared-memory limits on cuda (its thread-binding rules stop at the
+    first task without them)."""
     if target.kind.name == "llvm":
         import psutil
 
-        missing = {"num-cores": psutil.cpu_count(logical=False) or os.cpu_count() or 1}
+        missing = {"num-cores": min(psutil.cpu_count(logical=False) or usable_cores(), usable_cores())}
     elif target.kind.name == "cuda":
         missing = _cuda_limits()
     else:
@@ -96,6 +99,24 @@ def tune_dir(root: str | os.PathLike | None, target: tvm.target.Target) -> Path:
     keys = {k: str(v) for k, v in target.attrs.items() if k in ("mcpu", "mtriple", "arch", "num-cores")}
     name = target.kind.name + "".join(f"-{k}={v}" for k, v in sorted(keys.items()))
     return base / re.sub(r"[^A-Za-z0-9._=-]+", "_", name)
+
+
+#: What MetaSchedule imports when it tunes (compiling needs none of them): module -> its PyPI package.
+TUNING_MODULES = {"psutil": "psutil", "cloudpickle": "cloudpickle", "tornado": "tornado", "xgboost": "xgboost-cpu"}
+
+
+def dependency_problem() -> str | None:
+    """Which of :data:`TUNING_MODULES` this environment lacks, in one line naming what to install (None: none)."""
+    missing = []
+    for module, package in TUNING_MODULES.items():
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(package)
+    if not missing:
+        return None
+    return (f"--tune needs the package{'s' * (len(missing) > 1)} {', '.join(missing)}, which MetaSchedule imports to "
+            f"tune: pip install {' '.join(missing)}")
 
 
 def folder_problem(root: str | os.PathLike | None, target: tvm.target.Target) -> str | None:
@@ -317,9 +338,56 @@ def tune(mod: tvm.IRModule, target: tvm.target.Target, trials: int, root: str | 
     folder = tune_dir(root, target)
     folder.mkdir(parents=True, exist_ok=True)
     with _exclusive(folder, say):
-        db = _open_database(folder)
-        summary, chosen = _tune_tasks(db, mod, target, trials, folder, say, start, tasks == "gemm")
+        _open_database(folder)  # an unreadable folder is said as such, before any copy
+        staging = _staging_copy(folder)
+        try:
+            db = _open_database(staging)
+            summary, chosen = _tune_tasks(db, mod, target, trials, folder, say, start, tasks == "gemm", staging)
+            if summary.tuned:
+                _publish(staging, folder, db)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
         return (db if tasks == "all" else _best_records(db, chosen)), summary
+
+
+#: The files of a tuning folder that tuning rewrites: MetaSchedule's two databases, then the ledger.
+RECORD_FILES = ("database_workload.json", "database_tuning_record.json", LEDGER)
+
+
+def _write_failure(folder: Path, why: str) -> UserError:
+    return UserError(f"the tuning records could not be written in full ({why}): the records in {folder} are "
+                     "kept as they were; free some space (or raise the file size limit) and tune again")
+
+
+def _staging_copy(folder: Path) -> Path:
+    """A copy of the folder's records to tune into: MetaSchedule's database appends each record as it
+    comes and says nothing when a write fails (a full disk, ``ulimit -f``), which left a file cut
+    mid-record that the next run refused, every record lost with it."""
+    staging = folder / ".staging"
+    shutil.rmtree(staging, ignore_errors=True)  # a run that died left it (the lock is ours now)
+    try:
+        staging.mkdir()
+        for name in RECORD_FILES:
+            if (folder / name).exists():
+                shutil.copyfile(folder / name, staging / name)
+    except OSError as err:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise _write_failure(folder, f"{type(err).__name__}: {err.strerror or err}") from err
+    return staging
+
+
+def _publish(staging: Path, folder: Path, db: Any) -> None:
+    """Move the staged records into ``folder`` once they read back whole (each file replaced at
+    once: workloads first, as records name them by index); else leave ``folder`` as it was."""
+    try:
+        written = len(_ms().database.JSONDatabase(work_dir=str(staging)))
+    except Exception as err:  # noqa: BLE001 - a cut file fails MetaSchedule's JSON parser
+        raise _write_failure(folder, f"they do not read back: {first_line(err)}") from err
+    if written != len(db):
+        raise _write_failure(folder, f"{written} of {len(db)} records read back")
+    for name in RECORD_FILES:
+        if (staging / name).exists():
+            os.replace(staging / name, folder / name)
 
 
 def _best_records(db: Any, tasks: list[Any]) -> Any:
@@ -337,12 +405,15 @@ def _best_records(db: Any, tasks: list[Any]) -> Any:
 
 
 def _tune_tasks(db: Any, mod: tvm.IRModule, target: tvm.target.Target, trials: int, folder: Path,
-                say: Callable[[str], None], start: float, gemm_only: bool = False) -> tuple[TuneSummary, list[Any]]:
-    """Tune the chosen tasks the database lacks; returns the summary and the chosen tasks."""
+                say: Callable[[str], None], start: float, gemm_only: bool = False,
+                records: Path | None = None) -> tuple[TuneSummary, list[Any]]:
+    """Tune the chosen tasks the database lacks; returns the summary and the chosen tasks. ``records``:
+    where the database and the ledger are written (``folder`` by default), the logs staying in ``folder``."""
+    records = records or folder
     ms = _ms()
     every = ms.relax_integration.extract_tasks(_fused(mod, target), target)
     tasks = [t for t in every if is_gemm_task(t.task_name)] if gemm_only else list(every)
-    ledger = _read_ledger(folder)
+    ledger = _read_ledger(records)
     keys = [_task_key(t) for t in tasks]
     recorded = _recorded(db)
     new = [(t, k) for t, k in zip(tasks, keys) if _needs_tuning(recorded, k, ledger.get(k, 0), trials)]
@@ -357,48 +428,22 @@ def _tune_tasks(db: Any, mod: tvm.IRModule, target: tvm.target.Target, trials: i
             todo, str(folder / "logs"), strategy=_search_strategy(trials))
         callbacks = [*ms.MeasureCallback.create("default"),
                      _progress_callback([t.task_name for t in todo], trials, say)]
-        with _interrupt_kept():
+        with keep_interrupts():
             ms.tune_tasks(tasks=contexts, task_weights=weights, work_dir=str(folder / "logs"),
                           max_trials_global=min(trials * len(new), 2**31 - 1), max_trials_per_task=trials,
                           num_trials_per_iter=min(64, trials), database=db, measure_callbacks=callbacks,
                           builder=_builder(target.kind.name), runner=_runner())
             kept = commit_defaults(db, todo, target, _runner(), build_candidate, say)
         ledger.update({k: trials for _, k in new})  # a task re-tuned after its records were lost got this budget only
-        (folder / LEDGER).write_text(json.dumps(ledger, indent=1, sort_keys=True))
+        try:
+            (records / LEDGER).write_text(json.dumps(ledger, indent=1, sort_keys=True))
+        except OSError as err:
+            raise _write_failure(folder, f"{type(err).__name__}: {err.strerror or err}") from err
         say(f"tuned {len(new)} tasks in {time.perf_counter() - start:.0f} s" +
             (f"; the default schedule stayed the fastest of {kept}" if kept else ""))
     most = max((ledger.get(k, trials) for k in keys), default=trials)
     return TuneSummary(len(every), len(new), trials, time.perf_counter() - start, str(folder), most,
                        len(tasks) if gemm_only else None, kept), tasks
-
-
-@contextlib.contextmanager
-def _interrupt_kept() -> Iterator[None]:
-    """Ctrl-C stays an interrupt: TVM's FFI turns the KeyboardInterrupt raised inside MetaSchedule
-    into a RuntimeError, which the job reported as a bug of ours. Only where Python's own handler
-    is in place (an ignored SIGINT stays ignored) and on the main thread (signals are its alone)."""
-    hit: list[int] = []
-
-    def handler(signum: int, _frame: Any) -> None:
-        hit.append(signum)
-        raise KeyboardInterrupt
-
-    ours = (threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
-    if not ours:
-        yield
-        return
-    signal.signal(signal.SIGINT, handler)
-    try:
-        yield
-    except Exception as err:
-        if hit:
-            raise KeyboardInterrupt from err
-        raise
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    if hit:  # raised inside TVM, turned into an error there, and caught (a default schedule's build)
-        raise KeyboardInterrupt
 
 
 def compile_tuned(mod: tvm.IRModule, target: tvm.target.Target, db: Any) -> Any:

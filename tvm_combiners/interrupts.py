@@ -1,0 +1,50 @@
+"""Ctrl-C stays an interrupt through TVM.
+
+TVM's FFI turns a KeyboardInterrupt raised inside a Python callback (a schedule rule, a pass,
+MetaSchedule's) into a RuntimeError: a job reported it as a failure of the stage ("TVM cannot
+compile the model"), or lost it where a caller catches RuntimeError (a schedule rule declining)
+and the job finished. :func:`keep_interrupts` records each Ctrl-C before raising it, and ends its
+block in KeyboardInterrupt whatever became of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+_hits: list[int] = []  # every Ctrl-C a handler of ours saw
+
+
+def _handler(signum: int, _frame: Any) -> None:
+    _hits.append(signum)
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def keep_interrupts() -> Iterator[None]:
+    """A Ctrl-C inside the block ends it in KeyboardInterrupt, raised or swallowed on the way.
+
+    Only where Python's own handler is in place (an ignored SIGINT stays ignored; inside another
+    such block the outer one keeps watch) and on the main thread (signals are its alone).
+    """
+    ours = (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+    if not ours:
+        yield
+        return
+    seen = len(_hits)
+    signal.signal(signal.SIGINT, _handler)
+    try:
+        yield
+    except Exception as err:
+        if len(_hits) > seen:
+            raise KeyboardInterrupt from err
+        raise
+    else:
+        if len(_hits) > seen:
+            raise KeyboardInterrupt
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
