@@ -20,9 +20,23 @@ def test_batched_weights_combine_with_bias():
 
     mod = make_module({"x": ((4, 3, 8), F32), "w0": ((4, 8, 2), F32), "w1": ((4, 8, 5), F32),
                        "w2": ((4, 8, 3), F32)}, body)
-    assert CombineParallelMatmul()(mod).same_as(mod)  # 2-D weights only
-    new = CombineParallelBatchMatmul()(mod)
-    assert ops(new, "matmul") == 1 and ops(new, "add") == 1 and ops(new, "nn.relu") == 1
+    for combine in (CombineParallelBatchMatmul(), CombineParallelMatmul()):  # TVM's CombineParallelMatmul does too
+        new = combine(mod)
+        assert ops(new, "matmul") == 1 and ops(new, "add") == 1 and ops(new, "nn.relu") == 1
+        assert_same_outputs(mod, new, random_inputs(mod))
+
+
+def test_rhs_batched_as_tvms_combine_parallel_matmul():
+    """TVM's own test_rhs_batched, smaller: of (2, K, N), (K, N), (2, K, N), (3, 4, K, N) weights over
+    one 2-D input, the two of batch 2 combine (CombineParallelMatmul left all four)."""
+    def body(bb, x, w0, w1, w2, w3):
+        return [bb.emit(R.matmul(x, w)) for w in (w0, w1, w2, w3)]
+
+    mod = make_module({"x": ((16, 8), F32), "w0": ((2, 8, 8), F32), "w1": ((8, 8), F32), "w2": ((2, 8, 8), F32),
+                       "w3": ((3, 4, 8, 8), F32)}, body)
+    seen = []
+    new = CombineParallelMatmul(on_combine=seen.append)(mod)
+    assert ops(new, "matmul") == 3 and [(c.family, c.weight_shapes) for c in seen] == [("batch_matmul", ((2, 8, 8),) * 2)]
     assert_same_outputs(mod, new, random_inputs(mod))
 
 

@@ -19,7 +19,7 @@ TVMCheck = Callable[[Any, list, list, Any], bool]
 
 #: Family names each public pass combines (the Relay passes call 2-D matmuls "dense").
 FAMILIES = {
-    "CombineParallelMatmul": ("matmul",),
+    "CombineParallelMatmul": ("matmul", "batch_matmul"),  # TVM's combines batched weights of one batch too
     "CombineParallelDense": ("dense",),
     "CombineParallelBatchMatmul": ("batch_matmul",),
     "CombineParallelConv2D": ("conv2d",),

@@ -51,7 +51,9 @@ def _build(settings: CombineSettings) -> tvm.transform.Pass:
 
 
 CombineParallelMatmul = pass_factory(
-    "CombineParallelMatmul", "Merge sibling ``R.matmul`` ops with 2-D weights that read the same input.", _build)
+    "CombineParallelMatmul",
+    "Merge sibling ``R.matmul`` ops that read the same input: 2-D weights, and batched weights of equal batch "
+    "(as TVM's ``relax.transform.CombineParallelMatmul``).", _build)
 CombineParallelBatchMatmul = pass_factory(
     "CombineParallelBatchMatmul", "Merge sibling ``R.matmul`` ops with batched weights of equal batch.", _build)
 CombineParallelConv2D = pass_factory(
