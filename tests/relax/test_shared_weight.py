@@ -133,3 +133,19 @@ def test_byte_limit_counts_the_concatenated_inputs(limit, expected):
     new = CombineSharedWeightMatmul(max_combined_bytes=limit)(mod)
     assert ops(new, "matmul") == expected
     assert_same_outputs(mod, new, random_inputs(mod))
+
+
+@pytest.mark.parametrize("differ", [False, True], ids=["equal", "one element differs"])
+def test_equal_constant_weights_built_once_per_use_are_one_weight(differ):
+    """``x_i @ relax.const(W)`` with W built three times: three Constants of equal bytes (Relay too).
+    Large constants compare by a sample, then a digest of their bytes; one different element keeps
+    that weight apart."""
+    w = np.random.default_rng(0).standard_normal((64, 32)).astype(F32)  # 2048 elements: every 2nd sampled
+    weights = [w.copy() for _ in range(3)]
+    if differ:
+        weights[2][7, 5] += 1  # element 229, off the sample's stride: only the digest tells
+    mod = make_module({f"x{i}": ((2 + i, 64), F32) for i in range(3)},
+                      lambda bb, *xs: [bb.emit(R.matmul(x, relax.const(wi))) for x, wi in zip(xs, weights)])
+    new = CombineSharedWeightMatmul()(mod)
+    assert ops(new, "matmul") == (2 if differ else 1)
+    assert_same_outputs(mod, new, random_inputs(mod))

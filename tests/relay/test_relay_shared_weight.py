@@ -59,3 +59,15 @@ def test_a_fused_projection_applied_to_two_inputs_shares_its_weight():
         new = combine(mod)
         assert ops(new, "nn.dense") == 1
         assert_same_outputs(mod, new, random_inputs(mod))
+
+
+def test_equal_constant_weights_built_once_per_use_are_one_weight():
+    """``dense(x_i, relay.const(W))`` with W built three times: three Constants of equal bytes."""
+    import numpy as np
+
+    w = np.random.default_rng(0).standard_normal((32, 16)).astype("float32")
+    xs = [relay.var(f"x{i}", shape=(2 + i, 16)) for i in range(3)]
+    mod = make_module([relay.nn.dense(x, relay.const(w.copy())) for x in xs], xs)
+    new = CombineSharedWeightDense()(mod)
+    assert ops(mod, "nn.dense") == 3 and ops(new, "nn.dense") == 1
+    assert_same_outputs(mod, new, random_inputs(mod))

@@ -84,8 +84,14 @@ Constant = tvm.ir.expr.Constant
 
 
 def constant_array(const: Any) -> np.ndarray:
-    """The numpy value of a Relax constant (scalars come back as Python numbers in 0.27)."""
+    """The numpy value of a Relax constant (scalars come back as Python numbers in 0.27): a view of
+    a CPU tensor's memory where numpy reads its dtype through DLPack, else a copy."""
     value = const.value
+    if hasattr(value, "__dlpack__"):
+        try:
+            return np.from_dlpack(value)
+        except (TypeError, ValueError, BufferError, RuntimeError):  # a dtype numpy lacks (bfloat16), a device
+            pass
     return np.asarray(value.numpy() if hasattr(value, "numpy") else value, dtype=str(const.ty.dtype))
 
 
