@@ -24,6 +24,7 @@ from tvm_combiners.text_table import table as text_table
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHONS = {"relax": ROOT / ".venv" / "bin" / "python", "relay": ROOT / ".venv-relay" / "bin" / "python"}
+FAILED: list[str] = []  # rows whose measurement failed: the script then exits 1, after the table
 
 
 def measure(ir: str, model: str | None, seq: int, repeat: int, target: str = "llvm") -> dict | None:
@@ -34,7 +35,8 @@ def measure(ir: str, model: str | None, seq: int, repeat: int, target: str = "ll
            str(repeat), "--target", target] + ([model] if model else [])
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        print(f"# {ir} {model or 'MiniLM'}: failed: {proc.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+        FAILED.append(f"{ir} {model or 'MiniLM'}: {(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
+        print(f"# {FAILED[-1]}", file=sys.stderr)
         return None
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -84,6 +86,8 @@ def main() -> None:
     print("ops = matmul/dense/batch_matmul/conv2d calls; TVM's pass = relax.transform.CombineParallelMatmul "
           "or Relay's CombineParallel* at opt_level 4 after EliminateCommonSubexpr; target llvm (default pipeline)")
     print(table(rows))
+    if FAILED:
+        sys.exit(f"{len(FAILED)} measurement(s) failed: " + "; ".join(FAILED))
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ def measure(ir: str, path: str | None, batch: int, seq: int | None, repeat: int,
     inputs = example_inputs(model, batch, seq)
     reference = run_onnxruntime(model, inputs)
     base = backend.import_model(model)
-    ours, ours_s = timed(backend.combine, base, None)
+    ours, ours_s = timed(backend.combine, base, None, True)  # stacked, as the CLI's default
     theirs, theirs_s = timed(builtin_combine, ir, base)
     row = {
         "ir": ir, "target": target,
