@@ -331,8 +331,49 @@ def test_text_report_puts_onnxruntime_beside_tvm(capsys, tmp_path):
     assert f"onnxruntime (cpu, {threads})" in rows
     assert float(rows[f"onnxruntime (cpu, {threads})"].split()[-2]) >= 0
     assert re.search(r"^latency over onnxruntime's: baseline \d+\.\d\dx, combined \d+\.\d\dx$", out, re.M)
-    assert re.search(r"^speedup of combined over baseline: \d+\.\d\dx "
-                     r"\(median of 2 alternating rounds, \d+\.\d\dx-\d+\.\d\dx\)$", out, re.M)
+    line = re.search(r"^speedup of combined over baseline: (\d+\.\d\dx \(median|no measurable difference \(median "
+                     r"\d+\.\d\dx) of 2 alternating rounds, (\d+\.\d\d)x-(\d+\.\d\d)x\)$", out, re.M)
+    assert line  # which of the two forms follows from the rounds: on both sides of 1, no difference
+    assert line.group(1).startswith("no measurable") == (float(line.group(2)) <= 1.0 <= float(line.group(3)))
+
+
+@pytest.mark.parametrize("groups, rounds, line", [
+    ([], [1.05, 1.59], "none, nothing was combined (the modules are the same; their rounds' ratios, 1.05x-1.59x, "
+                       "are the timing noise)"),
+    (["2 x matmul"], [0.97, 1.02, 1.08], "no measurable difference (median 1.02x of 3 alternating rounds, "
+                                         "0.97x-1.08x)"),
+    (["2 x matmul"], [1.05, 1.10, 1.20], "1.10x (median of 3 alternating rounds, 1.05x-1.20x)"),
+    (["2 x matmul"], [0.80, 0.86, 0.90], "0.86x (median of 3 alternating rounds, 0.80x-0.90x)"),
+], ids=["nothing combined", "rounds on both sides of 1", "faster", "slower"])
+def test_the_speedup_line_says_only_what_the_rounds_support(groups, rounds, line):
+    """Two identical modules were reported as "speedup 1.54x [1.05-1.59]"; rounds of 0.36-1.43x as a speed-up."""
+    from tvm_combiners.main_job import JobReport
+
+    report = JobReport("m.onnx", "relax", "llvm", 1, 8, groups=groups, round_speedups=rounds)
+    assert report.speedup_text(report.speedup()) == line
+    assert report.to_dict()["speedup_measurable"] == line[0].isdigit()
+
+
+def test_rounds_on_both_sides_of_1_are_doubled_to_tell():
+    """The number of rounds follows the spread: ratios on both sides of 1 with a median off it get
+    as many rounds again (once); a clear result does not."""
+    from tvm_combiners.main_job import JobReport, Variant, _time_alternating
+
+    class Backend:  # baseline then combined, round after round: ratios 1.2, 0.9, 1.2, ...
+        times = iter([1.2, 1.0, 0.9, 1.0] * 20)
+
+        def time(self, built, inputs, target, repeat):
+            return next(self.times)
+
+    said = []
+    report = JobReport("m.onnx", "relax", "llvm", 1, 8, groups=["2 x matmul"])
+    runnable = [(Variant("baseline", {}, 0.0), None), (Variant("combined", {}, 0.0), None)]
+    _time_alternating(Backend(), runnable, {}, "llvm", 4, report, said.append)
+    assert len(report.round_speedups) == 8 and said[-1] == "the rounds' ratios span 0.90x-1.20x: 4 more rounds"
+    report = JobReport("m.onnx", "relax", "llvm", 1, 8, groups=["2 x matmul"])
+    Backend.times = iter([1.2, 1.0] * 20)
+    _time_alternating(Backend(), runnable, {}, "llvm", 4, report, said.append)
+    assert len(report.round_speedups) == 4 and report.speedup_measurable()
 
 
 def test_json_error_document(capsys, tmp_path):

@@ -254,15 +254,35 @@ def test_hung_rank_is_killed_by_the_timeout(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("mode, error", [
-    ("sigkill", "the job exited with code 9 after"),
+    ("sigkill", "rank 1 failed: it ended without an error of its own after"),
     ("segfault", "rank 1 failed: Fatal Python error: Segmentation fault"),
 ])
 def test_a_rank_that_dies_is_reported(mode: str, error: str, tmp_path: Path) -> None:
+    """sigkill: rank 1 dies of SIGKILL (the out-of-memory killer's signal) while rank 0 waits in a
+    barrier; the job said "no rank reported an error" and named no rank."""
     proc = _run(2, mode, tmp_path, timeout=60)
     assert proc.returncode not in (0, 124)
     assert f"tvm-combiners launch: {error}" in proc.stderr, proc.stderr
     if mode == "sigkill":
-        assert "(no rank reported an error; a rank exited with code 9, or was killed by SIGKILL)" in proc.stderr
+        assert (" s (mpiexec: Killed (signal 9); the kernel's out-of-memory killer sends SIGKILL)\n"
+                in proc.stderr), proc.stderr
+        assert "rank 0 failed" not in proc.stderr and "no rank reported an error" not in proc.stderr
+
+
+def test_a_send_the_exit_still_waits_for_is_named_at_the_timeout(tmp_path: Path) -> None:
+    """Every rank ended its program; rank 0 waits at exit for a 1 MiB send rank 1 never received
+    (up to the drain's 60 s), past launch's timeout. It was blamed on "a process a rank started and
+    left running" (no rank started one)."""
+    (tmp_path / "prog.py").write_text(
+        "import numpy as np\n"
+        "from tvm_combiners.collectives.runtime import functions as F, rank\n"
+        f"if rank() == 0:\n{_UNRECEIVED}")
+    proc = subprocess.run([sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "2", "--timeout",
+                           "10", "--", "python", "prog.py"], cwd=tmp_path, capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 124, proc.stderr[-3000:]
+    assert ("tvm-combiners launch: timed out after 10 s: killed all 2 ranks (every rank ended its program, exit code "
+            "0, but rank 0 waited at exit for sends nobody has received yet (channel 5 from rank 0 to rank 1), for up "
+            "to 60 s (TVM_COMBINERS_SEND_DRAIN_TIMEOUT): did a recv never come?)\n") in proc.stderr, proc.stderr[-3000:]
 
 
 @pytest.mark.parametrize("mode", ["os_exit", "fork_os_exit"])
@@ -847,24 +867,38 @@ def test_check_mode_on_one_rank_only_is_named_not_misread(tmp_path: Path) -> Non
             np.testing.assert_array_equal(got[f"{c}|same"], prog.data(sender, (size,), "float32", 2 * c + 1))
 
 
-def test_a_process_a_rank_left_running_is_named_at_the_timeout(tmp_path: Path) -> None:
-    """Review finding (2026-11-25): every rank ended its program with 0, but a child rank 0 left
-    running held the output, mpiexec waited, and the timeout blamed a hung rank."""
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting for a parent to reap it."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("session", ["own session", "the rank's session"])
+def test_a_process_a_rank_left_running_is_named_and_killed_at_the_timeout(session: str, tmp_path: Path) -> None:
+    """Every rank ended its program with 0, but a child rank 0 left running held the output, mpiexec
+    waited, and the timeout blamed a hung rank; the child, its parent gone, was no descendant of
+    the job any more and outlived it (in a session of its own or not)."""
     (tmp_path / "prog.py").write_text(
         "import subprocess, sys\nfrom mpi4py import MPI\n"
         "if MPI.COMM_WORLD.Get_rank() == 0:\n"
-        "    open('child.pid', 'w').write(str(subprocess.Popen(['sleep', '60']).pid))\n")
+        f"    child = subprocess.Popen(['sleep', '60'], start_new_session={session == 'own session'})\n"
+        "    open('child.pid', 'w').write(str(child.pid))\n")
     try:
         proc = subprocess.run([sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "2",
                                "--timeout", "10", "--", "python", "prog.py"], cwd=tmp_path, capture_output=True,
                               text=True, timeout=60)
+        child = int((tmp_path / "child.pid").read_text())
+        assert not _alive(child), "the process rank 0 started outlived the job"
     finally:
         if (tmp_path / "child.pid").exists():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int((tmp_path / "child.pid").read_text()), signal.SIGKILL)
     assert proc.returncode == 124
-    assert ("timed out after 10 s: killed all 2 ranks (every rank ended its program, exit code 0, but mpiexec "
-            "waited on: a process a rank started and left running holds the job's output?)") in proc.stderr, proc.stderr
+    assert ("timed out after 10 s: killed all 2 ranks and 1 process they started (every rank ended its program, "
+            "exit code 0, but mpiexec waited on: a process a rank started and left running holds the job's "
+            "output?)") in proc.stderr, proc.stderr
 
 
 def test_a_bad_drain_timeout_fails_the_first_send_not_the_exit(tmp_path: Path) -> None:
@@ -978,3 +1012,40 @@ def test_a_recorded_exception_is_the_line_its_traceback_ends_with(source: str, l
         assert rank_error(traceback_text) == line  # what launch reads from stderr, where it comes through
     else:
         raise AssertionError(f"{source} raised nothing")
+
+
+def test_launch_streams_a_ranks_stderr_in_blocks_keeping_its_start_and_end(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank writing 768 MiB to stderr took launch from 563 MB to 2.9 GB: each poll read all that was
+    new in one piece and every rank's text was kept whole. Here 40 MiB, under a 2-MiB-block reader."""
+    import tracemalloc
+
+    line = b"x" * 1023 + b"\n"
+    with open(tmp_path / "rank.0", "wb") as f:
+        f.write(b"first line\n")
+        for _ in range(40):
+            f.write(line * 1024)
+        f.write(b"Traceback (most recent call last):\n  File \"prog.py\", line 1\nValueError: the end\n")
+
+    class Count:  # launch's own stderr: counts what it is given, keeps nothing
+        lines = 0
+
+        def write(self, text: str) -> None:
+            Count.lines += text.count("\n")
+
+        def flush(self) -> None:
+            pass
+
+    monkeypatch.setattr(sys, "stderr", Count())
+    from tvm_combiners.collectives.runtime.launch import _Tail
+
+    tail = _Tail(tmp_path, 1)
+    tracemalloc.start()
+    tail.start()
+    (text,) = tail.finish()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert Count.lines == 1 + 40 * 1024 + 3
+    assert peak < 16 * 2**20, f"{peak / 2**20:.0f} MiB held while copying 40 MiB"
+    assert len(text) < 2 * 2**20 and text.startswith("first line\n")
+    assert rank_error(text) == "ValueError: the end"

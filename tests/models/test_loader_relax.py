@@ -306,3 +306,20 @@ def test_generated_masks_pad_each_batch_item_along_its_sequence(tmp_path):
     time_major = example_inputs(one_input("attention_mask", ["seq_len", "batch"]), batch=8, seq=16)["attention_mask"]
     assert time_major.shape == (16, 8) and time_major.any(axis=0).all() and not time_major.all(axis=0).any()
     assert example_inputs(one_input("x", [-1, 4], TensorProto.FLOAT), batch=2, seq=8)["x"].shape == (2, 4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch, seq, sizes", [(None, 16, "input_ids (batch, 16)"), (2, None, "input_ids (2, seq)")])
+def test_a_dynamic_axis_tvm_cannot_import_is_said_in_one_line(batch, seq, sizes, tmp_path):
+    """A transformers-exported BERT with a dynamic batch or sequence: a raw TypeError about
+    ``relax.concat`` (or a ValueError about ``and``/``or``) came out of TVM's frontend."""
+    from tvm_combiners.models import import_relax, prepare_onnx
+    from tvm_combiners.models.hf_export import export_bert
+
+    export_bert(tmp_path / "bert.onnx", layers=1, hidden=32, heads=2, vocab=100, seq=16, dynamic=True)
+    with pytest.raises(ValueError) as info:
+        import_relax(prepare_onnx(tmp_path / "bert.onnx", batch, seq))
+    line = str(info.value)
+    assert "\n" not in line and line.startswith(
+        f"TVM's Relax ONNX frontend cannot import this model with the dynamic input sizes {sizes}, ")
+    assert ": fix them (prepare_onnx's batch and seq) [" in line

@@ -3,10 +3,9 @@ float16, for matmul (dense's form too), batch matmul and conv2d, through this pa
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import tvm
-from cpu_matrix import cpus, runnable_cpus
+from cpu_matrix import conv2d_reference, cpus, numpy_mismatches, runnable_cpus
 from helpers import make_module
 from tvm import relax
 
@@ -21,9 +20,9 @@ OPS = {
     "matmul, 16 columns": ((3, 40), (40, 16), lambda x, w, o: R.matmul(x, w, out_dtype=o), lambda a, b: a @ b),
     "batch matmul": ((2, 4, 64), (2, 64, 32), lambda x, w, o: R.matmul(x, w, out_dtype=o), lambda a, b: a @ b),
     "conv2d 3x3, 4 channels": ((1, 8, 8, 8), (4, 8, 3, 3),
-                               lambda x, w, o: R.nn.conv2d(x, w, padding=1, out_dtype=o), lambda a, b: _conv(a, b, 1)),
+                               lambda x, w, o: R.nn.conv2d(x, w, padding=1, out_dtype=o), lambda a, b: conv2d_reference(a, b, 1)),
     "conv2d 1x1": ((1, 16, 8, 8), (32, 16, 1, 1),
-                   lambda x, w, o: R.nn.conv2d(x, w, out_dtype=o), lambda a, b: _conv(a, b, 0)),
+                   lambda x, w, o: R.nn.conv2d(x, w, out_dtype=o), lambda a, b: conv2d_reference(a, b, 0)),
 }
 # (data, weight, output) dtypes -> tolerance relative to the largest output (0: exact)
 DTYPES = {
@@ -31,21 +30,6 @@ DTYPES = {
     ("float32", "float32", "float32"): 1e-6,
     ("float16", "float16", "float16"): 5e-3,  # float16 sums of up to 72 products (11-bit mantissa)
 }
-
-
-def _conv(a: np.ndarray, b: np.ndarray, pad: int) -> np.ndarray:
-    padded = np.pad(a, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
-    h, w = a.shape[2:]
-    return sum(np.einsum("nchw,oc->nohw", padded[:, :, i:i + h, j:j + w], b[:, :, i, j])
-               for i in range(b.shape[2]) for j in range(b.shape[3]))
-
-
-def _operand(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
-    """Full-range integers (the range where 16-bit partial sums would saturate), normal floats."""
-    if dtype in ("int8", "uint8"):
-        info = np.iinfo(dtype)
-        return rng.integers(info.min, info.max + 1, size=shape).astype(dtype)
-    return rng.standard_normal(shape).astype(dtype)
 
 
 def _module(op: str, dtypes: tuple[str, str, str]) -> tvm.IRModule:
@@ -56,18 +40,10 @@ def _module(op: str, dtypes: tuple[str, str, str]) -> tvm.IRModule:
 
 @pytest.mark.parametrize("cpu", runnable_cpus())
 def test_every_op_and_dtype_equals_numpy(cpu):
-    rng = np.random.default_rng(0)
-    failures = []
-    for op, (data, weight, _, reference) in OPS.items():
-        for dtypes, tolerance in DTYPES.items():
-            a, b = _operand(rng, data, dtypes[0]), _operand(rng, weight, dtypes[1])
-            (got,) = run_vm(compile_module(_module(op, dtypes), "llvm", cpu=cpu), [a, b])
-            want = reference(a.astype(np.float64), b.astype(np.float64))
-            assert got.dtype == dtypes[2] and got.shape == want.shape
-            error = np.abs(got.astype(np.float64) - want).max() / np.abs(want).max()
-            if error > tolerance:
-                failures.append(f"{op} {'x'.join(dtypes[:2])}: relative error {error:.2e}")
-    assert not failures, failures
+    def run(op, dtypes, a, b):
+        return run_vm(compile_module(_module(op, dtypes), "llvm", cpu=cpu), [a, b])[0]
+
+    assert not numpy_mismatches(OPS, DTYPES, run)
 
 
 @pytest.mark.parametrize("cpu", cpus())

@@ -7,18 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
-from cpu_matrix import cpus, runnable_cpus
+from cpu_matrix import conv2d_reference, cpus, numpy_mismatches, operand, runnable_cpus
 from tvm import relay
 
 from tvm_combiners.host import cpu_features
 from tvm_combiners.relay.runner import build, for_target, int8_dot_products_are_exact, make_target, run_graph
-
-
-def _conv(a: np.ndarray, b: np.ndarray, pad: int) -> np.ndarray:
-    padded = np.pad(a, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
-    h, w = a.shape[2:]
-    return sum(np.einsum("nchw,oc->nohw", padded[:, :, i:i + h, j:j + w], b[:, :, i, j])
-               for i in range(b.shape[2]) for j in range(b.shape[3]))
 
 
 def _conv2d(d, w, o):
@@ -34,9 +27,9 @@ OPS = {
     "matmul": ((4, 64), (64, 32), lambda d, w, o: relay.nn.matmul(d, w, out_dtype=o), lambda a, b: a @ b),
     "batch_matmul": ((2, 4, 64), (2, 32, 64), lambda d, w, o: relay.nn.batch_matmul(d, w, out_dtype=o),
                      lambda a, b: a @ b.transpose(0, 2, 1)),
-    "conv2d 3x3, 4 channels": ((1, 8, 8, 8), (4, 8, 3, 3), _conv2d, lambda a, b: _conv(a, b, 1)),
-    "conv2d 3x3, 16 channels": ((1, 16, 8, 8), (16, 16, 3, 3), _conv2d, lambda a, b: _conv(a, b, 1)),
-    "conv2d 1x1": ((1, 16, 8, 8), (32, 16, 1, 1), _conv2d, lambda a, b: _conv(a, b, 0)),
+    "conv2d 3x3, 4 channels": ((1, 8, 8, 8), (4, 8, 3, 3), _conv2d, lambda a, b: conv2d_reference(a, b, 1)),
+    "conv2d 3x3, 16 channels": ((1, 16, 8, 8), (16, 16, 3, 3), _conv2d, lambda a, b: conv2d_reference(a, b, 1)),
+    "conv2d 1x1": ((1, 16, 8, 8), (32, 16, 1, 1), _conv2d, lambda a, b: conv2d_reference(a, b, 0)),
 }
 # (data, weight, output) dtypes -> tolerance relative to the largest output (0: exact)
 DTYPES = {
@@ -47,14 +40,6 @@ DTYPES = {
 AMX = ("tdpbusd", "tdpbssd", "tileloadd", "ldtilecfg")
 
 
-def _operand(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
-    """Full-range integers (where 16-bit sums of two products saturate), normal floats."""
-    if dtype in ("int8", "uint8"):
-        info = np.iinfo(dtype)
-        return rng.integers(info.min, info.max + 1, size=shape).astype(dtype)
-    return rng.standard_normal(shape).astype(dtype)
-
-
 def _module(op: str, dtypes: tuple[str, str, str]) -> tvm.IRModule:
     data, weight, body, _ = OPS[op]
     d, w = relay.var("d", shape=data, dtype=dtypes[0]), relay.var("w", shape=weight, dtype=dtypes[1])
@@ -63,25 +48,17 @@ def _module(op: str, dtypes: tuple[str, str, str]) -> tvm.IRModule:
 
 @pytest.mark.parametrize("cpu", runnable_cpus())
 def test_every_op_and_dtype_equals_numpy(cpu):
-    rng = np.random.default_rng(0)
-    failures = []
-    for op, (data, weight, _, reference) in OPS.items():
-        for dtypes, tolerance in DTYPES.items():
-            a, b = _operand(rng, data, dtypes[0]), _operand(rng, weight, dtypes[1])
-            (got,) = run_graph(build(_module(op, dtypes), {"w": b}, cpu=cpu), {"d": a})
-            want = reference(a.astype(np.float64), b.astype(np.float64))
-            assert got.dtype == dtypes[2] and got.shape == want.shape
-            error = np.abs(got.astype(np.float64) - want).max() / np.abs(want).max()
-            if error > tolerance:
-                failures.append(f"{op} {'x'.join(dtypes[:2])}: relative error {error:.2e}")
-    assert not failures, failures
+    def run(op, dtypes, a, b):
+        return run_graph(build(_module(op, dtypes), {"w": b}, cpu=cpu), {"d": a})[0]
+
+    assert not numpy_mismatches(OPS, DTYPES, run)
 
 
 @pytest.mark.parametrize("cpu", runnable_cpus())
 def test_quantized_dense_and_conv2d_equal_numpy(cpu):
     """QNN ops lower to int8 products inside relay.build: they are lowered (and widened) first."""
     rng = np.random.default_rng(1)
-    a, b = _operand(rng, (4, 64), "int8"), _operand(rng, (48, 64), "int8")
+    a, b = operand(rng, (4, 64), "int8"), operand(rng, (48, 64), "int8")
     d, w = relay.var("d", shape=a.shape, dtype="int8"), relay.var("w", shape=b.shape, dtype="int8")
     zero, scale = relay.const(3, "int32"), relay.const(0.5, "float32")
     dense = relay.qnn.op.dense(d, w, zero, relay.const(-2, "int32"), scale, scale, units=48, out_dtype="int32")

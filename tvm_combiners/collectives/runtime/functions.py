@@ -23,7 +23,7 @@ from ..spec import AGREE_SHAPES, CHECK_COLLECTIVES_ENV, RUNTIME_PREFIX, checking
 from . import comm as _comm
 from . import tensors
 from .comm import Group, _routes, group, mpi, route
-from .rank_main import ABORT_PREFIX, record_error
+from .rank_main import ABORT_PREFIX, record_error, record_waiting
 
 REDUCTIONS = ("sum", "prod", "min", "max", "avg")
 # dtypes MPI reduces natively; others (bool, float16, bfloat16, ...) are reduced in float32/int64
@@ -243,19 +243,28 @@ def _reap() -> None:
         _pending[:] = [p for i, p in enumerate(_pending) if i not in finished]
 
 
+def _stuck(me: int) -> str:
+    return "; ".join(dict.fromkeys(f"channel {p[2]} from rank {me} to rank {p[3]}" for p in _pending))
+
+
 def drain_sends(timeout: float | None = None) -> None:
     """Complete every pending send; after ``timeout`` s say which are stuck and abort the job."""
     if timeout is None:
         timeout = _seconds(DRAIN_TIMEOUT_ENV, 60)
     deadline = time.monotonic() + timeout
+    me, said = _comm.rank(), False
     while _pending:
         _reap()
         if not _pending:
+            if said:
+                record_waiting(None)
             return
+        if not said:  # launch's timeout may come first: it names these then
+            record_waiting(f"sends nobody has received yet ({_stuck(me)}), for up to {timeout:g} s "
+                           f"({DRAIN_TIMEOUT_ENV})")
+            said = True
         if time.monotonic() > deadline:
-            me = _comm.rank()
-            stuck = "; ".join(dict.fromkeys(f"channel {p[2]} from rank {me} to rank {p[3]}" for p in _pending))
-            why = f"sends never received after {timeout:g} s: {stuck}"
+            why = f"sends never received after {timeout:g} s: {_stuck(me)}"
             record_error(why)
             print(f"{ABORT_PREFIX}{why}", file=sys.stderr, flush=True)
             mpi().COMM_WORLD.Abort(1)

@@ -100,46 +100,112 @@ def rank_error(text: str, recorded: str | None = None, records_errors: bool = Fa
 
 
 class _Tail(threading.Thread):
-    """Copies every rank's stderr file to ours line by line, prefixed with the rank."""
+    """Copies every rank's stderr file to ours line by line, prefixed with the rank, in blocks of
+    :data:`BLOCK` bytes; of each rank's text it keeps the first :data:`HEAD` and last :data:`TAIL`
+    bytes for :func:`rank_error` (a rank writing 768 MiB to stderr took the launcher to 2.9 GB)."""
+
+    BLOCK = 1 << 20
+    HEAD = 64 << 10
+    TAIL = 1 << 20
 
     def __init__(self, folder: Path, n: int) -> None:
         super().__init__(daemon=True)
         self.paths = [folder / f"rank.{r}" for r in range(n)]
         self.offsets = [0] * n
         self.partial = [b""] * n
-        self.texts = [bytearray() for _ in range(n)]
+        self.heads = [bytearray() for _ in range(n)]
+        self.tails = [bytearray() for _ in range(n)]
+        self.skipped = [False] * n  # bytes between head and tail were dropped
         self.done = threading.Event()
+
+    def _keep(self, r: int, chunk: bytes) -> None:
+        head, tail = self.heads[r], self.tails[r]
+        room = self.HEAD - len(head)
+        if room > 0:
+            head += chunk[:room]
+            chunk = chunk[room:]
+        tail += chunk
+        if len(tail) > self.TAIL:
+            del tail[:len(tail) - self.TAIL]
+            self.skipped[r] = True
+
+    def _copy(self, r: int, chunk: bytes, final: bool) -> None:
+        data = self.partial[r] + chunk
+        *lines, rest = data.split(b"\n")
+        if final and rest:
+            lines.append(rest)
+            rest = b""
+        if len(rest) > self.BLOCK:  # a line with no end in sight: pass it on in pieces
+            lines.append(rest)
+            rest = b""
+        self.partial[r] = rest
+        if lines:
+            sys.stderr.write("".join(f"[rank {r}] {line.decode(errors='replace')}\n" for line in lines))
+            sys.stderr.flush()
 
     def poll(self, final: bool = False) -> None:
         for r, path in enumerate(self.paths):
             try:
-                with open(path, "rb") as f:
-                    f.seek(self.offsets[r])
-                    chunk = f.read()
+                f = open(path, "rb")  # noqa: SIM115 - closed below, after a loop of reads
             except FileNotFoundError:
                 continue
-            self.offsets[r] += len(chunk)
-            self.texts[r] += chunk
-            data = self.partial[r] + chunk
-            *lines, rest = data.split(b"\n")
-            if final and rest:
-                lines.append(rest)
-                rest = b""
-            self.partial[r] = rest
-            for line in lines:
-                sys.stderr.write(f"[rank {r}] {line.decode(errors='replace')}\n")
-            if lines:
-                sys.stderr.flush()
+            with f:
+                f.seek(self.offsets[r])
+                while chunk := f.read(self.BLOCK):
+                    self.offsets[r] += len(chunk)
+                    self._keep(r, chunk)
+                    self._copy(r, chunk, False)
+            if final:
+                self._copy(r, b"", True)
 
     def run(self) -> None:
         while not self.done.wait(0.05):
             self.poll()
 
     def finish(self) -> list[str]:
+        """Each rank's stderr as :func:`rank_error` reads it: its start and its end."""
         self.done.set()
-        self.join()
+        if self.ident is not None:  # started
+            self.join()
         self.poll(final=True)
-        return [t.decode(errors="replace") for t in self.texts]
+        return [(bytes(h) + (b"\n" if skipped else b"") + bytes(t)).decode(errors="replace")
+                for h, t, skipped in zip(self.heads, self.tails, self.skipped)]
+
+
+class _Stdout(threading.Thread):
+    """Copies mpiexec's stdout (the ranks' own, and hydra's reports) to ours, noting the pid and exit
+    string of a process hydra reports as badly terminated: it names a rank killed by a signal (the
+    OOM killer's SIGKILL) by nothing else."""
+
+    PID = re.compile(rb"^=\s+(?:RANK \d+ )?PID (\d+) RUNNING AT ")
+    EXIT = re.compile(rb"^YOUR APPLICATION TERMINATED WITH THE EXIT STRING: (.*?)\s*$")
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(daemon=True)
+        self.stream = stream
+        self.pid: int | None = None
+        self.exit_string = ""
+
+    def run(self) -> None:
+        out = getattr(sys.stdout, "buffer", None)
+        for line in self.stream:
+            if self.pid is None and (found := self.PID.match(line)):
+                self.pid = int(found.group(1))
+            elif found := self.EXIT.match(line):
+                self.exit_string = found.group(1).decode(errors="replace")
+            try:
+                if out is not None:
+                    out.write(line)
+                    out.flush()
+                else:
+                    sys.stdout.write(line.decode(errors="replace"))
+                    sys.stdout.flush()
+            except (OSError, ValueError):  # our stdout closed: keep draining the pipe
+                pass
+
+    def finish(self) -> None:
+        """Wait for the pipe's end: a process a rank left running may hold it open, so not for long."""
+        self.join(timeout=2)
 
 
 def _descendants(pid: int) -> list[int]:
@@ -192,19 +258,61 @@ def _left_early(ends: dict[int, int], n: int) -> tuple[str, str] | None:
             f"while {_ranks(running)} had not", _ranks(running))
 
 
-def _kill_job(proc: subprocess.Popen) -> None:
-    tree = _descendants(proc.pid)
+def _job_processes(folder: str) -> list[int]:
+    """Live processes whose environment holds this job's ``MARKER_DIR``: every rank and whatever
+    they started, a child that left the ranks' session (``setsid``) or lost its parent included."""
+    mark = f"{MARKER_DIR}={folder}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            if Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue  # dead already, waiting for its parent
+            if mark in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                found.append(int(entry))
+        except (OSError, IndexError):
+            continue
+    return found
+
+
+_HYDRA = ("mpiexec", "mpiexec.hydra", "hydra_pmi_proxy")  # the job's own processes, beside the ranks
+
+
+def _started_by_a_rank(pid: int) -> bool:
+    """Neither MPICH's launcher nor its proxy, nor a rank (a proxy's child)."""
     try:
-        proc.send_signal(signal.SIGTERM)  # hydra forwards it and tears its ranks down
+        ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+        names = [Path(f"/proc/{p}/comm").read_text().strip() for p in (pid, ppid)]
+    except (OSError, IndexError):
+        return False
+    return names[0] not in _HYDRA and names[1] != "hydra_pmi_proxy"
+
+
+def _kill_job(proc: subprocess.Popen, folder: str) -> int:
+    """End the job: SIGTERM to mpiexec (hydra tears its ranks down), then SIGKILL to every process
+    of the job still alive, until none is. Returns how many of them the ranks had started (hydra's
+    proxies start the ranks; the rest of the job's processes are the ranks' own children)."""
+    tree = _descendants(proc.pid)
+    started = sum(map(_started_by_a_rank, _job_processes(folder)))
+    try:
+        proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=3)
     except (subprocess.TimeoutExpired, ProcessLookupError):
         pass
-    for pid in [proc.pid, *tree]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    killed: set[int] = set()
+    for _ in range(20):  # a process may fork while it is being killed: look again until none is left
+        alive = [pid for pid in dict.fromkeys([proc.pid, *tree, *_job_processes(folder)]) if pid not in killed]
+        if not alive:
+            break
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+            killed.add(pid)
+        tree = []
+        time.sleep(0.05)
     proc.wait()
+    return started
 
 
 _KILLING_SIGNALS = (signal.SIGILL, signal.SIGABRT, signal.SIGBUS, signal.SIGFPE, signal.SIGKILL, signal.SIGSEGV,
@@ -291,26 +399,31 @@ def launch(n: int, argv: list[str], timeout: float | None = None) -> int:
         tail = _Tail(Path(folder), n)
         tail.start()
         start = time.monotonic()
-        timed_out, proc = False, None
+        timed_out, proc, killed, stdout = False, None, 0, None
         try:
             with _terminate_as_interrupt():
                 env = {**rank_environment(n), MARKER_DIR: folder}
                 with on_start_cores():  # ranks forked from a thread TVM's pool pinned ran all on its core
-                    proc = subprocess.Popen(cmd, start_new_session=True, env=env)
+                    proc = subprocess.Popen(cmd, start_new_session=True, env=env, stdout=subprocess.PIPE)
+                stdout = _Stdout(proc.stdout)
+                stdout.start()
                 code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
-            _kill_job(proc)
+            killed = _kill_job(proc, folder)
             code = 124
         except BaseException:  # Ctrl-C, SIGTERM, SIGHUP: never leave ranks behind (their own session)
             if proc is not None:
-                _kill_job(proc)
+                _kill_job(proc, folder)
             tail.finish()
             raise
         texts = tail.finish()
+        stdout.finish()
         ends = _program_ends(Path(folder), n) if marked else {}
         # each rank's reason to fail as it wrote it (rank_main.record_error): its stderr may be lost
         recorded = _markers(Path(folder), "error", n) if marked else {}
+        waiting = _markers(Path(folder), "waiting", n) if marked else {}
+        pids = {int(pid): r for r, pid in _markers(Path(folder), "pid", n).items() if pid.isdigit()}
         early = _left_early(ends, n) if marked else None
     elapsed = time.monotonic() - start
     failed = [(r, err) for r, err in ((r, rank_error(t, recorded.get(r), marked)) for r, t in enumerate(texts))
@@ -320,11 +433,21 @@ def launch(n: int, argv: list[str], timeout: float | None = None) -> int:
     for r, err in failed:
         print(f"{PREFIX}: rank {r} failed: {err}", file=sys.stderr)
     if timed_out:
+        ended = f"every rank ended its program, exit code {', '.join(map(str, sorted(set(ends.values()))))}"
         why = (f"{early[0]}: did {early[1]} wait in a collective or recv that the others left without?" if early
-               else f"every rank ended its program, exit code {', '.join(map(str, sorted(set(ends.values()))))}, "
-                    "but mpiexec waited on: a process a rank started and left running holds the job's output?"
-               if len(ends) == n else "a rank hung, or waits for a peer that never comes")
-        print(f"{PREFIX}: timed out after {timeout:g} s: killed all {n} ranks ({why})", file=sys.stderr)
+               else f"{ended}, but " + "; ".join(f"rank {r} waited at exit for {text}" for r, text in
+                                                 sorted(waiting.items())) + ": did a recv never come?"
+               if len(ends) == n and waiting
+               else f"{ended}, but mpiexec waited on: a process a rank started and left running holds the job's "
+                    "output?" if len(ends) == n and killed
+               else f"{ended}, but the ranks did not exit (in MPI_Finalize, or an exit handler)" if len(ends) == n
+               else "a rank hung, or waits for a peer that never comes")
+        also = f" and {killed} process{'es' * (killed > 1)} they started" if killed else ""
+        print(f"{PREFIX}: timed out after {timeout:g} s: killed all {n} ranks{also} ({why})", file=sys.stderr)
+    elif code != 0 and not failed and stdout.pid in pids:
+        oom = "; the kernel's out-of-memory killer sends SIGKILL" if "signal 9)" in stdout.exit_string else ""
+        print(f"{PREFIX}: rank {pids[stdout.pid]} failed: it ended without an error of its own after {elapsed:.1f} s "
+              f"(mpiexec: {stdout.exit_string or f'exit code {code}'}{oom})", file=sys.stderr)
     elif code != 0 and not failed:
         print(f"{PREFIX}: the job exited with code {code} after {elapsed:.1f} s (no rank reported an error"
               f"{_signal_hint(code)}{'; ' + early[0] if early else ''})", file=sys.stderr)

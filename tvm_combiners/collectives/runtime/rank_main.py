@@ -8,6 +8,8 @@ one was stopped, and launch says so.  A rank that replaces itself with ``os.exec
 (it counts as stopped); a forked child (multiprocessing's workers leave through ``os._exit``) marks
 nothing for its parent.
 
+Each rank also writes its pid to ``pid.<rank>`` (mpiexec names a rank it saw killed by its pid),
+and what it waits for after its program ended to ``waiting.<rank>`` (the runtime's sends at exit).
 The reason a rank fails (its uncaught exception, or the runtime's reason to abort) is also written to
 ``error.<rank>`` there: MPI_Abort tears the job down while mpiexec may still hold the rank's last
 stderr lines, and under load those lines were lost (CI, 2026-11-26: the launcher said "no rank
@@ -62,6 +64,20 @@ def record_error(text: str) -> None:
     _write_marker("error", text.strip() + "\n", "x")
 
 
+def record_waiting(text: str | None) -> None:
+    """Leave launch what this rank waits for after its program ended (None: nothing any more), so
+    that a timeout there names it rather than guessing."""
+    if text is None:
+        folder, rank = os.environ.get(MARKER_DIR), os.environ.get("PMI_RANK")
+        if folder and rank is not None and os.getpid() == _RANK_PID:
+            try:
+                os.remove(os.path.join(folder, f"waiting.{rank}"))
+            except OSError:
+                pass
+        return
+    _write_marker("waiting", text.strip() + "\n")
+
+
 def _exception_line(exc: BaseException) -> str:
     """The line of a traceback that names ``exc`` (a SyntaxError's comes after its source lines)."""
     lines = "".join(traceback.format_exception_only(type(exc), exc)).splitlines() or [type(exc).__name__]
@@ -83,6 +99,7 @@ def main() -> None:
     from mpi4py import run  # mpi4py's own entry: an uncaught exception calls MPI_Abort
 
     os._exit = _marking_exit(os._exit)
+    _write_marker("pid", f"{os.getpid()}\n")  # mpiexec names a killed rank by its pid only
     try:
         run.main()
     except SystemExit as exc:
