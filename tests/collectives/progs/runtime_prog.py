@@ -140,7 +140,10 @@ def main() -> None:
         shapes(out_dir, n, me)
         return
     if mode == "recv_first":  # every rank waits for its peer before sending: each must give up, not hang
+        from mpi4py import MPI
+
         out = empty((2,), "float32")
+        MPI.COMM_WORLD.Barrier()  # a rank reaching its recv 2 s after the other would find the send already there
         try:
             fn["recv"]("0,1;1,0", 3, 0, out)
         except Exception as err:  # noqa: BLE001 - the type and message are what the test checks
