@@ -1,9 +1,9 @@
 """Ctrl-C stays an interrupt through TVM.
 
 TVM's FFI turns a KeyboardInterrupt raised inside a Python callback (a schedule rule, a pass,
-MetaSchedule's) into a RuntimeError: a job reported it as a failure of the stage ("TVM cannot
-compile the model"), or lost it where a caller catches RuntimeError (a schedule rule declining)
-and the job finished. :func:`keep_interrupts` records each Ctrl-C before raising it, and ends its
+MetaSchedule's) into a RuntimeError: left alone, a job would report it as a failure of the stage
+("TVM cannot compile the model"), or lose it where a caller catches RuntimeError (a schedule rule
+declining) and finish. :func:`keep_interrupts` records each Ctrl-C before raising it, and ends its
 block in KeyboardInterrupt whatever became of it.
 """
 

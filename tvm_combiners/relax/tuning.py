@@ -361,8 +361,8 @@ def _write_failure(folder: Path, why: str) -> UserError:
 
 def _staging_copy(folder: Path) -> Path:
     """A copy of the folder's records to tune into: MetaSchedule's database appends each record as it
-    comes and says nothing when a write fails (a full disk, ``ulimit -f``), which left a file cut
-    mid-record that the next run refused, every record lost with it."""
+    comes and says nothing when a write fails (a full disk, ``ulimit -f``): in place, that would
+    leave a file cut mid-record, which the next run refuses, every record lost with it."""
     staging = folder / ".staging"
     shutil.rmtree(staging, ignore_errors=True)  # a run that died left it (the lock is ours now)
     try:

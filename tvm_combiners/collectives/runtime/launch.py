@@ -102,7 +102,7 @@ def rank_error(text: str, recorded: str | None = None, records_errors: bool = Fa
 class _Tail(threading.Thread):
     """Copies every rank's stderr file to ours line by line, prefixed with the rank, in blocks of
     :data:`BLOCK` bytes; of each rank's text it keeps the first :data:`HEAD` and last :data:`TAIL`
-    bytes for :func:`rank_error` (a rank writing 768 MiB to stderr took the launcher to 2.9 GB)."""
+    bytes for :func:`rank_error` (read and kept whole, a rank's output held about three times its size)."""
 
     BLOCK = 1 << 20
     HEAD = 64 << 10
