@@ -355,25 +355,36 @@ def test_the_speedup_line_says_only_what_the_rounds_support(groups, rounds, line
 
 
 def test_rounds_on_both_sides_of_1_are_doubled_to_tell():
-    """The number of rounds follows the spread: ratios on both sides of 1 with a median off it get
-    as many rounds again (once); a clear result does not."""
-    from tvm_combiners.main_job import JobReport, Variant, _time_alternating
+    """The number of rounds follows the spread: a median off 1 whose interval holds 1 gets as many
+    rounds again (once), which can narrow the interval to a verdict; a clear result gets none."""
+    from tvm_combiners.main_job import JobReport, Variant, _time_alternating, median_interval
 
-    class Backend:  # baseline then combined, round after round: ratios 1.2, 0.9, 1.2, ...
-        times = iter([1.2, 1.0, 0.9, 1.0] * 20)
+    assert median_interval([1.0, 5.0, 2.0, 3.0, 4.0]) == (1.0, 5.0)  # up to 5 rounds: all of them
+    assert median_interval(range(10)) == (1, 8) and median_interval(range(20)) == (5, 14)
 
-        def time(self, built, inputs, target, repeat):
-            return next(self.times)
+    def timed(ratios):  # baseline then combined, round after round: baseline/combined = each ratio
+        said = []
+        report = JobReport("m.onnx", "relax", "llvm", 1, 8, groups=["2 x matmul"])
 
-    said = []
-    report = JobReport("m.onnx", "relax", "llvm", 1, 8, groups=["2 x matmul"])
-    runnable = [(Variant("baseline", {}, 0.0), None), (Variant("combined", {}, 0.0), None)]
-    _time_alternating(Backend(), runnable, {}, "llvm", 4, report, said.append)
-    assert len(report.round_speedups) == 8 and said[-1] == "the rounds' ratios span 0.90x-1.20x: 4 more rounds"
-    report = JobReport("m.onnx", "relax", "llvm", 1, 8, groups=["2 x matmul"])
-    Backend.times = iter([1.2, 1.0] * 20)
-    _time_alternating(Backend(), runnable, {}, "llvm", 4, report, said.append)
-    assert len(report.round_speedups) == 4 and report.speedup_measurable()
+        class Backend:
+            times = iter([t for r in ratios for t in (r, 1.0)])
+
+            def time(self, built, inputs, target, repeat):
+                return next(self.times)
+
+        runnable = [(Variant("baseline", {}, 0.0), None), (Variant("combined", {}, 0.0), None)]
+        _time_alternating(Backend(), runnable, {}, "llvm", 10, report, said.append)
+        return report, said
+
+    # 10 rounds, two below 1: the interval (2nd to 9th) 0.97x-1.20x holds 1; 10 more narrow it to 1.20x
+    report, said = timed([0.95, 0.97] + [1.2] * 18)
+    assert said[-1] == "the median's interval over the rounds is 0.97x-1.20x: 10 more rounds"
+    assert len(report.round_speedups) == 20 and report.speedup_measurable()
+    assert report.speedup_text(report.speedup()) == "1.20x (median of 20 alternating rounds, 1.20x-1.20x)"
+    report, said = timed([1.2] * 10)  # clear at once
+    assert len(report.round_speedups) == 10 and report.speedup_measurable() and not said[-1].startswith("the median")
+    report, said = timed([0.9, 1.1] * 10)  # on both sides, median 1.0: more rounds would not tell
+    assert len(report.round_speedups) == 10 and not report.speedup_measurable()
 
 
 def test_json_error_document(capsys, tmp_path):

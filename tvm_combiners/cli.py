@@ -302,7 +302,10 @@ def main(argv: list[str] | None = None) -> int:
         _usage_error(err, argv)
     from .host import mcpu_problem
 
-    problem = mcpu_problem()  # before any work, once (not from every rank a launch starts)
+    try:  # before any work, once: a launch's ranks would each fail on it
+        problem = mcpu_problem()
+    except Exception:  # noqa: BLE001 - TVM itself fails to load: the command says so in its own words
+        problem = None
     if problem is not None:
         return _setup_error(args, problem)
     try:

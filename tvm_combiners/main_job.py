@@ -78,6 +78,21 @@ def input_shapes(inputs: Mapping[str, Sequence[int]]) -> str:
     return ", ".join(f"{name} {tuple(shape)}" for name, shape in inputs.items())
 
 
+def median_interval(values: Sequence[float]) -> tuple[float, float]:
+    """A distribution-free interval of about 95% for the median of ``values``: the k-th smallest to
+    the k-th largest, k from the sign test (all of them up to 5 values, the 2nd to 9th of 10, the
+    6th to 15th of 20), so that it narrows as rounds are added."""
+    ordered, n = sorted(values), len(values)
+
+    def below(k: int) -> float:  # P(at most k of n fair coin flips come up heads)
+        return sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
+
+    k = 1
+    while k < n // 2 and 2 * below(k) <= 0.06:
+        k += 1
+    return ordered[k - 1], ordered[n - k]
+
+
 @dataclass
 class JobReport:
     model: str
@@ -171,21 +186,25 @@ class JobReport:
         return "\n".join(lines)
 
     def speedup_measurable(self) -> bool:
-        """Something was combined and every round's ratio lies on one side of 1."""
+        """Something was combined and the median ratio's interval (:func:`median_interval`) excludes 1."""
         rounds = self.round_speedups
-        return bool(self.groups) and len(rounds) > 1 and not min(rounds) <= 1.0 <= max(rounds)
+        if not self.groups or len(rounds) < 2:
+            return False
+        low, high = median_interval(rounds)
+        return not low <= 1.0 <= high
 
     def speedup_text(self, ratio: float) -> str:
         """The speed-up as the rounds support it: none where nothing was combined, no measurable
-        difference where the rounds' ratios lie on both sides of 1."""
-        rounds = sorted(self.round_speedups)
-        spread = f"{rounds[0]:.2f}x-{rounds[-1]:.2f}x" if len(rounds) > 1 else ""
+        difference where the median's interval holds 1 (the range shown: that interval, every
+        round's ratio up to 5 rounds)."""
+        rounds = self.round_speedups
+        spread = "{:.2f}x-{:.2f}x".format(*median_interval(rounds)) if len(rounds) > 1 else ""
         if not self.groups:
             return (f"none, nothing was combined (the modules are the same; their rounds' ratios, {spread}, are "
                     "the timing noise)" if spread else "none, nothing was combined (the modules are the same)")
         if not spread:
             return f"{ratio:.2f}x (one round)"
-        if rounds[0] <= 1.0 <= rounds[-1]:
+        if not self.speedup_measurable():
             return f"no measurable difference (median {ratio:.2f}x of {len(rounds)} alternating rounds, {spread})"
         return f"{ratio:.2f}x (median of {len(rounds)} alternating rounds, {spread})"
 
@@ -520,10 +539,11 @@ def _time_alternating(backend: Backend, runnable: list[tuple[Variant, Any]], inp
 
     time_rounds(rounds)
     if len(runnable) == 2 and rounds >= 3 and report.groups:
-        # the rounds' ratios on both sides of 1 with a median off it: more rounds may tell, up to twice as many
+        # the median's interval holds 1 while the median is off it: as many rounds again narrow it
         ratios = [b / c for b, c in zip(*samples[:2])]
-        if min(ratios) <= 1.0 <= max(ratios) and abs(float(np.median(ratios)) - 1.0) > UNDECIDED:
-            progress(f"the rounds' ratios span {min(ratios):.2f}x-{max(ratios):.2f}x: {rounds} more rounds")
+        low, high = median_interval(ratios)
+        if low <= 1.0 <= high and abs(float(np.median(ratios)) - 1.0) > UNDECIDED:
+            progress(f"the median's interval over the rounds is {low:.2f}x-{high:.2f}x: {rounds} more rounds")
             time_rounds(rounds)
     for (variant, _), times in zip(timed, samples):
         variant.latency_s = float(np.median(times))

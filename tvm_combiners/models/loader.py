@@ -445,13 +445,13 @@ def import_relax(model: onnx.ModelProto, params_as_inputs: bool = False) -> tupl
     shape_dict = {name: dims for name, (dims, _) in specs.items() if all(isinstance(d, int) for d in dims)}
     try:
         mod = relax.frontend.onnx.from_onnx(model, shape_dict=shape_dict or None, keep_params_in_input=params_as_inputs)
-    except Exception as err:
+    except (TypeError, ValueError) as err:  # an op it has no converter for raises OpNotImplemented: passed on
         dynamic = {name: dims for name, (dims, _) in specs.items() if name not in shape_dict}
         if not dynamic:
             raise
         # TVM's own message (a Concat of shapes "expects the input to be a Tuple") does not say why
         sizes = ", ".join(f"{name} ({', '.join(map(str, dims))})" for name, dims in dynamic.items())
-        raise ValueError(f"TVM's Relax ONNX frontend cannot import this model with the dynamic input sizes {sizes}: "
+        raise ValueError(f"the dynamic input sizes {sizes} are more than TVM's Relax ONNX frontend imports here: "
                          f"fix them (prepare_onnx's batch and seq) [{type(err).__name__}: {first_line(err)[:120]}]") from err
     params: dict[str, list] = {}
     if params_as_inputs:

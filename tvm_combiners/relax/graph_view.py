@@ -89,9 +89,12 @@ def constant_array(const: Any) -> np.ndarray:
     value = const.value
     if hasattr(value, "__dlpack__"):
         try:
-            return np.from_dlpack(value)
+            view = np.from_dlpack(value)
         except (TypeError, ValueError, BufferError, RuntimeError):  # a dtype numpy lacks (bfloat16), a device
             pass
+        else:
+            view.flags.writeable = False  # the module's own constant: never to be changed through this
+            return view
     return np.asarray(value.numpy() if hasattr(value, "numpy") else value, dtype=str(const.ty.dtype))
 
 

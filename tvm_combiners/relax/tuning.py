@@ -152,10 +152,18 @@ def _exclusive(folder: Path, say: Callable[[str], None]) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+class UnreadableRecords(UserError):
+    """A tuning folder's records do not load; ``why`` says what is wrong with them."""
+
+    def __init__(self, folder: Path, why: str) -> None:
+        self.why = why
+        super().__init__(f"the tuning records in {folder} cannot be read ({why}): delete that folder, "
+                         "or give another --tune-dir, to tune afresh")
+
+
 def _open_database(folder: Path) -> Any:
     def unreadable(why: str) -> UserError:
-        return UserError(f"the tuning records in {folder} cannot be read ({why}): delete that folder, "
-                         "or give another --tune-dir, to tune afresh")
+        return UnreadableRecords(folder, why)
 
     tensorized = False
     for name in ("database_workload.json", "database_tuning_record.json"):
@@ -342,7 +350,12 @@ def tune(mod: tvm.IRModule, target: tvm.target.Target, trials: int, root: str | 
         staging = _staging_copy(folder)
         try:
             db = _open_database(staging)
-            summary, chosen = _tune_tasks(db, mod, target, trials, folder, say, start, tasks == "gemm", staging)
+            try:
+                summary, chosen = _tune_tasks(db, mod, target, trials, folder, say, start, tasks == "gemm", staging)
+            except KeyboardInterrupt:  # what was measured so far warm-starts the next search, if it is whole
+                with contextlib.suppress(UserError):
+                    _publish(staging, folder, db)
+                raise
             if summary.tuned:
                 _publish(staging, folder, db)
         finally:
@@ -380,9 +393,9 @@ def _publish(staging: Path, folder: Path, db: Any) -> None:
     """Move the staged records into ``folder`` once they read back whole (each file replaced at
     once: workloads first, as records name them by index); else leave ``folder`` as it was."""
     try:
-        written = len(_ms().database.JSONDatabase(work_dir=str(staging)))
-    except Exception as err:  # noqa: BLE001 - a cut file fails MetaSchedule's JSON parser
-        raise _write_failure(folder, f"they do not read back: {first_line(err)}") from err
+        written = len(_open_database(staging))  # as the next run reads them
+    except UnreadableRecords as err:
+        raise _write_failure(folder, f"they do not read back: {err.why}") from err
     if written != len(db):
         raise _write_failure(folder, f"{written} of {len(db)} records read back")
     for name in RECORD_FILES:

@@ -39,9 +39,9 @@ def _out(name: str, rest: tuple[Any, ...]) -> Any:
 def _checked(name: str, what: str, x: Any) -> Group:
     """The group of all ranks, once every rank gives ``x`` of one shape (and, in check mode, calls ``what``)."""
     grp = group("", name)
-    functions.same_shape(name, what.split()[0], grp, x)
-    if functions._CHECK:
+    if functions._CHECK:  # first: its message is of a fixed size, whatever the ranks' numbers of axes
         functions.same_call(name, grp, functions.describe(x, what, grp))
+    functions.same_shape(name, what.split()[0], grp, x)
     return grp
 
 

@@ -173,7 +173,7 @@ def scatter_np(name: str, grp: Group, x: np.ndarray, out: np.ndarray) -> None:
 #: ``TVM_COMBINERS_CHECK_COLLECTIVES=1``: every collective first checks that its whole group calls the
 #: same one, and every recv that its send sent the shape and dtype it expects.
 _CHECK = checking_collectives()
-_CALL_BYTES = 128  # how much of each rank's description a mismatch report shows
+_CALL_BYTES = 256  # how much of each rank's description a mismatch report shows
 
 
 _HEADER_BYTES = 1024  # a p2p check header: the dtype and every extent of a tensor of up to ~40 dims

@@ -6,7 +6,7 @@ the whole job (plain ``python prog.py`` would leave the other ranks waiting in t
 and a rank that mpiexec stopped before its program ended is named even when the job exits 0.  A hung rank is handled by the timeout: mpiexec gets SIGTERM (it tears down
 its ranks), then every process of the job still alive gets SIGKILL.  Each rank's stderr goes to its
 own file (mpiexec's ``-errfile-pattern``) and is copied live to our stderr prefixed ``[rank R]``; at
-the end every rank that raised is named with its error.  stdout passes through untouched.
+the end every rank that raised is named with its error.  stdout passes through, copied as it comes.
 """
 
 from __future__ import annotations
@@ -173,12 +173,13 @@ class _Tail(threading.Thread):
 
 
 class _Stdout(threading.Thread):
-    """Copies mpiexec's stdout (the ranks' own, and hydra's reports) to ours, noting the pid and exit
-    string of a process hydra reports as badly terminated: it names a rank killed by a signal (the
-    OOM killer's SIGKILL) by nothing else."""
+    """Copies mpiexec's stdout (the ranks' own, and hydra's reports) to ours as it comes, noting the
+    pid and exit string of a process hydra reports as badly terminated: it names a rank killed by
+    a signal (the OOM killer's SIGKILL) by nothing else."""
 
     PID = re.compile(rb"^=\s+(?:RANK \d+ )?PID (\d+) RUNNING AT ")
     EXIT = re.compile(rb"^YOUR APPLICATION TERMINATED WITH THE EXIT STRING: (.*?)\s*$")
+    CARRY = 4096  # of a line still open, what is kept to match hydra's lines (short ones)
 
     def __init__(self, stream: Any) -> None:
         super().__init__(daemon=True)
@@ -186,44 +187,67 @@ class _Stdout(threading.Thread):
         self.pid: int | None = None
         self.exit_string = ""
 
+    def _note(self, line: bytes) -> None:
+        if self.pid is None and (found := self.PID.match(line)):
+            self.pid = int(found.group(1))
+        elif found := self.EXIT.match(line):
+            self.exit_string = found.group(1).decode(errors="replace")
+
     def run(self) -> None:
-        out = getattr(sys.stdout, "buffer", None)
-        for line in self.stream:
-            if self.pid is None and (found := self.PID.match(line)):
-                self.pid = int(found.group(1))
-            elif found := self.EXIT.match(line):
-                self.exit_string = found.group(1).decode(errors="replace")
+        carry = b""
+        while chunk := self.stream.read1(1 << 16):
             try:
+                out = getattr(sys.stdout, "buffer", None)
                 if out is not None:
-                    out.write(line)
+                    out.write(chunk)
                     out.flush()
-                else:
-                    sys.stdout.write(line.decode(errors="replace"))
+                elif sys.stdout is not None:
+                    sys.stdout.write(chunk.decode(errors="replace"))
                     sys.stdout.flush()
-            except (OSError, ValueError):  # our stdout closed: keep draining the pipe
+            except Exception:  # noqa: BLE001 - our stdout closed or gone: keep draining, or mpiexec blocks
                 pass
+            *lines, carry = (carry + chunk).split(b"\n")
+            carry = carry[-self.CARRY:]
+            for line in lines:
+                self._note(line)
+        self._note(carry)
 
     def finish(self) -> None:
         """Wait for the pipe's end: a process a rank left running may hold it open, so not for long."""
         self.join(timeout=2)
+        if not self.is_alive():
+            self.stream.close()
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` (from /proc; hydra's proxies start their own sessions)."""
+def _stat(pid: int | str) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state, ppid, ...), or None where
+    the process is gone (a name is any bytes: it is skipped, not decoded)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _start_time(pid: int) -> bytes | None:
+    """When ``pid`` started (a pid reused by another process has another start time)."""
+    fields = _stat(pid)
+    return fields[19] if fields is not None and len(fields) > 19 else None
+
+
+def _descendants(pid: int) -> dict[int, bytes]:
+    """Every live process below ``pid`` (from /proc; hydra's proxies start their own sessions), with
+    its start time."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [pid]
+        fields = _stat(entry) if entry.isdigit() else None
+        if fields is not None and len(fields) > 19:
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = {}, [pid]
     while todo:
         for child in children.get(todo.pop(), []):
-            found.append(child)
+            start = _start_time(child)
+            if start is not None:
+                found[child] = start
             todo.append(child)
     return found
 
@@ -266,50 +290,57 @@ def _job_processes(folder: str) -> list[int]:
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
+        fields = _stat(entry)
+        if fields is None or fields[0] == b"Z":  # gone, or dead already and waiting for its parent
+            continue
         try:
-            if Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                continue  # dead already, waiting for its parent
             if mark in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
                 found.append(int(entry))
-        except (OSError, IndexError):
+        except OSError:
             continue
     return found
 
 
-_HYDRA = ("mpiexec", "mpiexec.hydra", "hydra_pmi_proxy")  # the job's own processes, beside the ranks
+_HYDRA = (b"mpiexec", b"mpiexec.hydra", b"hydra_pmi_proxy")  # the job's own processes, beside the ranks
 
 
 def _started_by_a_rank(pid: int) -> bool:
     """Neither MPICH's launcher nor its proxy, nor a rank (a proxy's child)."""
+    fields = _stat(pid)
     try:
-        ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
-        names = [Path(f"/proc/{p}/comm").read_text().strip() for p in (pid, ppid)]
-    except (OSError, IndexError):
+        names = [Path(f"/proc/{p}/comm").read_bytes().strip() for p in (pid, int(fields[1]))] if fields else []
+    except (OSError, ValueError):
         return False
-    return names[0] not in _HYDRA and names[1] != "hydra_pmi_proxy"
+    return len(names) == 2 and names[0] not in _HYDRA and names[1] != b"hydra_pmi_proxy"
 
 
 def _kill_job(proc: subprocess.Popen, folder: str) -> int:
     """End the job: SIGTERM to mpiexec (hydra tears its ranks down), then SIGKILL to every process
-    of the job still alive, until none is. Returns how many of them the ranks had started (hydra's
-    proxies start the ranks; the rest of the job's processes are the ranks' own children)."""
-    tree = _descendants(proc.pid)
-    started = sum(map(_started_by_a_rank, _job_processes(folder)))
-    try:
+    of the job still alive, until none is: those below mpiexec when it ended (unless their pid now
+    names another process) and those carrying the job's environment. Returns how many of them the
+    ranks had started (hydra's proxies start the ranks; the rest are the ranks' own children)."""
+    try:  # before SIGTERM, which may end some of them; never in its way
+        tree = _descendants(proc.pid)
+        started = sum(map(_started_by_a_rank, _job_processes(folder)))
+    except Exception:  # noqa: BLE001 - a /proc entry of an unexpected form: kill by the environment alone
+        tree, started = {}, 0
+    with contextlib.suppress(ProcessLookupError):
         proc.send_signal(signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=3)
-    except (subprocess.TimeoutExpired, ProcessLookupError):
-        pass
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
     killed: set[int] = set()
     for _ in range(20):  # a process may fork while it is being killed: look again until none is left
-        alive = [pid for pid in dict.fromkeys([proc.pid, *tree, *_job_processes(folder)]) if pid not in killed]
+        alive = [pid for pid, start in tree.items() if _start_time(pid) == start]
+        alive = [pid for pid in dict.fromkeys([*alive, *_job_processes(folder)]) if pid not in killed]
         if not alive:
             break
         for pid in alive:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
             killed.add(pid)
-        tree = []
         time.sleep(0.05)
     proc.wait()
     return started
@@ -416,6 +447,8 @@ def launch(n: int, argv: list[str], timeout: float | None = None) -> int:
             if proc is not None:
                 _kill_job(proc, folder)
             tail.finish()
+            if stdout is not None:
+                stdout.finish()
             raise
         texts = tail.finish()
         stdout.finish()
