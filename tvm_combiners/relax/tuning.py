@@ -161,9 +161,11 @@ class UnreadableRecords(UserError):
                          "or give another --tune-dir, to tune afresh")
 
 
-def _open_database(folder: Path) -> Any:
+def _open_database(folder: Path, named: Path | None = None) -> Any:
+    """The records in ``folder`` (``named``, where they are a copy of another folder's, is the one
+    an error names)."""
     def unreadable(why: str) -> UserError:
-        return UnreadableRecords(folder, why)
+        return UnreadableRecords(named or folder, why)
 
     tensorized = False
     for name in ("database_workload.json", "database_tuning_record.json"):
@@ -346,10 +348,9 @@ def tune(mod: tvm.IRModule, target: tvm.target.Target, trials: int, root: str | 
     folder = tune_dir(root, target)
     folder.mkdir(parents=True, exist_ok=True)
     with _exclusive(folder, say):
-        _open_database(folder)  # an unreadable folder is said as such, before any copy
         staging = _staging_copy(folder)
         try:
-            db = _open_database(staging)
+            db = _open_database(staging, named=folder)  # a copy: an error names the folder copied
             try:
                 summary, chosen = _tune_tasks(db, mod, target, trials, folder, say, start, tasks == "gemm", staging)
             except KeyboardInterrupt:  # what was measured so far warm-starts the next search, if it is whole

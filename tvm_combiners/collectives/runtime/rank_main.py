@@ -41,14 +41,22 @@ def exit_status(code: object) -> int:
     return 0 if code is None else 1
 
 
-def _write_marker(stem: str, text: str, mode: str = "w") -> None:
-    """``<launch's folder>/<stem>.<rank>`` holds ``text``, where this process is a rank under launch,
-    not a child forked from one (``mode`` "x": only if nothing is there yet)."""
+def _marker_path(stem: str) -> str | None:
+    """``<launch's folder>/<stem>.<rank>`` where this process is a rank under launch, not a child
+    forked from one; None elsewhere."""
     folder, rank = os.environ.get(MARKER_DIR), os.environ.get("PMI_RANK")
     if not folder or rank is None or os.getpid() != _RANK_PID:
+        return None
+    return os.path.join(folder, f"{stem}.{rank}")
+
+
+def _write_marker(stem: str, text: str, mode: str = "w") -> None:
+    """:func:`_marker_path` holds ``text`` (``mode`` "x": only if nothing is there yet)."""
+    path = _marker_path(stem)
+    if path is None:
         return
     try:
-        with open(os.path.join(folder, f"{stem}.{rank}"), mode) as f:
+        with open(path, mode) as f:
             f.write(text)
     except OSError:
         pass  # launch's folder gone (launch killed), or "x" found an earlier reason: it stays
@@ -67,15 +75,13 @@ def record_error(text: str) -> None:
 def record_waiting(text: str | None) -> None:
     """Leave launch what this rank waits for after its program ended (None: nothing any more), so
     that a timeout there names it rather than guessing."""
-    if text is None:
-        folder, rank = os.environ.get(MARKER_DIR), os.environ.get("PMI_RANK")
-        if folder and rank is not None and os.getpid() == _RANK_PID:
-            try:
-                os.remove(os.path.join(folder, f"waiting.{rank}"))
-            except OSError:
-                pass
-        return
-    _write_marker("waiting", text.strip() + "\n")
+    if text is not None:
+        _write_marker("waiting", text.strip() + "\n")
+    elif (path := _marker_path("waiting")) is not None:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
 
 
 def _exception_line(exc: BaseException) -> str:
