@@ -92,6 +92,24 @@ def test_limits_cut_groups():
     assert plan_combinations(b.g, ["matmul"], CombineOptions(min_num_branches=6)) == []
 
 
+
+def test_byte_limit_counts_convolution_weights_at_their_aligned_kernel_size():
+    # A 1-tap and a 3-tap kernel (8 -> 4 channels, float32) weigh 128 + 384 bytes, but combined
+    # the 1-tap kernel is zero-padded to 3 taps: 384 + 384 = 768 bytes is what the limit sees.
+    g = Graph()
+    x = g.add(op="param", operands=(), deps=(), shape=(1, 8, 10), dtype="float32").index
+    roots = []
+    for k in (1, 3):
+        w = g.add(op="param", operands=(), deps=(), shape=(4, 8, k), dtype="float32").index
+        info = RootInfo("conv1d", 0, 1, "conv", out_axis=1, weight_axis=0, width=4,
+                        kernel=((k, k // 2, k // 2, 1, 1),), kernel_axes=(2,))
+        roots.append(g.add(op="conv1d", operands=(x, w), deps=(x, w), shape=(1, 4, 10), dtype="float32",
+                           value_key=("conv1d",), root=info).index)
+    assert plan_combinations(g, ["conv1d"], CombineOptions(max_combined_bytes=767)) == []
+    (plan,) = plan_combinations(g, ["conv1d"], CombineOptions(max_combined_bytes=768))
+    assert plan.roots == tuple(roots)
+    assert plan.alignment.sizes == (3,) and plan.alignment.weight_pads == (((1, 1),), ((0, 0),))
+
 def test_to_batch_stacks_equal_widths_and_concatenates_the_rest_in_one_run():
     # widths 1, 3, 1, 1 under max_branches=2: two 1s stack; the third 1 is left over by the limit
     # and concatenates with the 3 now, or a second run would find that pair (not idempotent)
