@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import tvm
 import tvm_ffi
 from tvm import relax
 
-from ..core.graph import Dim, FollowerInfo, Graph, RootInfo, constant_key, ir_dtype_bits
+from ..core.graph import Dim, FollowerInfo, Graph, Node, RootInfo, constant_key, ir_dtype_bits
 from ..core.op_tables import COMMUTATIVE, FOLLOWERS
 from ..core.root_specs import conv2d_root, matmul_root
 from ..core.struct_key import StructKey, SymDim
@@ -115,122 +115,169 @@ class BlockView:
 
 
 def build_block_view(block: relax.DataflowBlock) -> BlockView:
-    """Read every binding once.
+    """Read every binding once, in order: its var's node follows the leaves it reads first."""
+    reader = _BlockReader()
+    for binding in items(block.bindings):
+        reader.add_binding(binding)
+    return reader.view
+
+
+class _Args(NamedTuple):
+    """What one pass over a call's arguments finds."""
+
+    read: list[int]  # the nodes of the vars the args read, in order, repeats kept
+    operands: list[Any]  # tensor args: nodes, or tensor constants not yet made leaves
+    positions: list[int]  # the argument index of each operand
+    others: list[tuple[int, StructKey]]  # (index, key) of every other arg: attributes of the call
+
+
+class _Parts(NamedTuple):
+    """The fields of a binding's node that come from its value."""
+
+    name: str
+    operands: list[int]
+    positions: list[int]
+    value_key: tuple[Any, ...] | None  # (name, attrs, others, type args) for a call bound to a var
+
+
+class _BlockReader:
+    """Builds one block's :class:`BlockView`, one binding at a time.
 
     Nodes are found by object handle: a dict keyed by the Relax object would call its Python
     ``__eq__`` (which reads the type through the FFI) on every lookup, as each field read returns
-    a fresh wrapper. An op call whose arguments are all vars and constants takes its free vars
-    from the arguments, in their order; any other value asks ``free_vars``.
+    a fresh wrapper.
     """
-    graph = Graph(dtype_bits=_DTYPE_BITS)
-    bindings: list[Any] = []
-    view = BlockView(graph, bindings)
-    index: dict[int, int] = {}
-    shapes: dict[int, tuple[Any, tuple[Dim, ...]]] = {}
-    dtypes: dict[int, tuple[Any, str]] = {}
-    # symbolic dim handle -> (dim, the match_cast in this block that names it first): a binding
-    # using the dim must stay after that cast, though it reads none of its values
-    dims_cast: dict[int, tuple[Any, int]] = {}
 
-    def cast_dims(value: Any, ty: Any) -> list[int]:
-        used = [*relax.analysis.free_symbolic_vars(value), *relax.analysis.tir_vars_in_type(ty)]
-        return list(dict.fromkeys(dims_cast[h][1] for v in used if (h := v.__chandle__()) in dims_cast))
+    def __init__(self) -> None:
+        self.graph = Graph(dtype_bits=_DTYPE_BITS)
+        self.view = BlockView(self.graph, [])
+        self.index: dict[int, int] = {}  # var or constant handle -> node
+        self.shapes: dict[int, tuple[Any, tuple[Dim, ...]]] = {}  # see dims_of
+        self.dtypes: dict[int, tuple[Any, str]] = {}  # see dtype_of
+        # symbolic dim handle -> (dim, the match_cast in this block that names it first): a binding
+        # using the dim must stay after that cast, though it reads none of its values
+        self.dims_cast: dict[int, tuple[Any, int]] = {}
 
-    def leaf(expr: Any) -> int:
-        handle = expr.__chandle__()
-        if handle not in index:
-            ty = expr.ty
-            dims = dims_of(ty, shapes)
-            key = constant_key(dims, lambda: constant_array(expr)) if isinstance(expr, Constant) else None
-            node = graph.add(op=type(expr).__name__, operands=(), deps=(), shape=dims, dtype=dtype_of(ty, dtypes),
-                             value_key=key, handle=expr)
-            index[handle] = node.index
-            bindings.append(None)
-        return index[handle]
+    def add_binding(self, binding: Any) -> None:
+        """Add the node of one binding, with the leaves it reads first."""
+        value, var = binding.value, binding.var
+        is_call = isinstance(value, relax.Call)
+        op = value.op if is_call else None
+        args = items(value.args) if is_call else None
+        is_op_call = isinstance(op, tvm.ir.Op)
+        is_var_call = is_call and isinstance(binding, relax.VarBinding)
+        free, read = self.reads(value, args, is_op_call, is_var_call)
+        if is_var_call:
+            parts = self.call_parts(value, op, read, is_op_call)
+        else:
+            parts = _Parts(type(value).__name__, [], [], None)
+        node = self.add_node(binding, value, var, parts, free)
+        if is_op_call and is_var_call:
+            _classify(node, value, parts.value_key[1], parts.value_key[2], self.graph)
 
-    def read_args(args: list[Any], strict: bool) -> tuple[list[int], list[int], list[int], list[Any]] | None:
-        """In one pass: the vars the args read, the tensor operands (nodes, or tensor constants not
-        yet made leaves) with their positions, and keys of the other args (attributes).
-        ``strict``: None when an arg is neither a known var nor a constant (a shape or tuple: the
-        caller asks ``free_vars``)."""
-        read: list[int] = []
-        operands: list[Any] = []
-        positions: list[int] = []
-        others: list[Any] = []
+    def reads(self, value: Any, args: list[Any] | None, is_op_call: bool,
+              is_var_call: bool) -> tuple[list[int], _Args | None]:
+        """The nodes ``value`` reads, and the args of a call bound to a var, read in one pass."""
+        # An op call whose args are all vars and constants takes its free vars from the args, in
+        # their order: the same list for the same call, whether or not its vars were seen before.
+        # Any other value asks ``free_vars`` (which makes its vars leaves).
+        read = self.read_args(args, strict=True) if is_op_call else None
+        if read is None:
+            free = self.free_var_nodes(value)
+            read = self.read_args(args, strict=True) if is_op_call else None
+        if read is not None:
+            free = list(dict.fromkeys(read.read))
+        elif is_var_call:
+            read = self.read_args(args, strict=False)
+        return free, read
+
+    def read_args(self, args: list[Any], strict: bool) -> _Args | None:
+        """Sort the args into vars read, tensor operands and attributes; strict: None on any other arg."""
+        # ``strict`` gives up on an arg that is neither a known var nor a constant (a shape or a
+        # tuple): the caller then asks ``free_vars``; otherwise such an arg is an attribute
+        index, nodes = self.index, self.graph.nodes
+        found = _Args([], [], [], [])
         for pos, arg in enumerate(args):
             if isinstance(arg, Constant):  # prim values and strings are Constants too in 0.27: attributes
                 if isinstance(arg.ty, relax.TensorType):
-                    operands.append(arg)
-                    positions.append(pos)
+                    found.operands.append(arg)
+                    found.positions.append(pos)
                 else:
-                    others.append((pos, struct_key(arg)))
+                    found.others.append((pos, struct_key(arg)))
                 continue
             node = index.get(arg.__chandle__())
             if node is None:
                 if strict:
                     return None
-                others.append((pos, struct_key(arg)))
+                found.others.append((pos, struct_key(arg)))
                 continue
-            read.append(node)
-            if graph.nodes[node].dtype is not None:  # a tensor (a shape or prim var is an attribute)
-                operands.append(node)
-                positions.append(pos)
+            found.read.append(node)
+            if nodes[node].dtype is not None:  # a tensor (a shape or prim var is an attribute)
+                found.operands.append(node)
+                found.positions.append(pos)
             else:
-                others.append((pos, struct_key(arg)))
-        return read, operands, positions, others
+                found.others.append((pos, struct_key(arg)))
+        return found
 
-    def analysed_free_vars(value: Any) -> list[int]:
-        return [leaf(v) for v in relax.analysis.free_vars(value)]
+    def free_var_nodes(self, value: Any) -> list[int]:
+        """The nodes of ``value``'s free vars, in ``free_vars`` order; vars not seen yet become leaves."""
+        return [self.leaf(v) for v in relax.analysis.free_vars(value)]
 
-    for binding in items(block.bindings):
-        value, var = binding.value, binding.var
-        is_call = isinstance(value, relax.Call)
-        op = value.op if is_call else None
-        is_op_call = is_call and isinstance(op, tvm.ir.Op)
-        args = items(value.args) if is_call else None
-        is_var_call = is_call and isinstance(binding, relax.VarBinding)
-        read = read_args(args, strict=True) if is_op_call else None
-        if read is None:
-            free = analysed_free_vars(value)  # its vars are leaves now
-            read = read_args(args, strict=True) if is_op_call else None
-        if read is not None:  # the same list for the same call, whether or not its vars were seen before
-            free = list(dict.fromkeys(read[0]))
-        elif is_var_call:
-            read = read_args(args, strict=False)
-        operands: list[int] = []
-        positions: list[int] = []
-        name, value_key = type(value).__name__, None
-        if is_var_call:
-            _, operands, positions, others = read
-            operands = [o if isinstance(o, int) else leaf(o) for o in operands]
-            others = tuple(others)
-            name = op_name(op) if is_op_call else str(op)
-            ty_args = value.ty_args
-            value_key = (name, struct_key(value.attrs), others,
-                         struct_key(items(ty_args)) if _ARRAY_SIZE(ty_args) else _NO_TY_ARGS)
+    def leaf(self, expr: Any) -> int:
+        """The node of a var or constant defined outside the block, added on first use."""
+        handle = expr.__chandle__()
+        if handle not in self.index:
+            ty = expr.ty
+            dims = dims_of(ty, self.shapes)
+            key = constant_key(dims, lambda: constant_array(expr)) if isinstance(expr, Constant) else None
+            node = self.graph.add(op=type(expr).__name__, operands=(), deps=(), shape=dims,
+                                  dtype=dtype_of(ty, self.dtypes), value_key=key, handle=expr)
+            self.index[handle] = node.index
+            self.view.bindings.append(None)
+        return self.index[handle]
+
+    def call_parts(self, call: relax.Call, op: Any, args: _Args, is_op_call: bool) -> _Parts:
+        """The name, operand nodes (constants made leaves) and value key of a call bound to a var."""
+        operands = [o if isinstance(o, int) else self.leaf(o) for o in args.operands]
+        others = tuple(args.others)
+        name = op_name(op) if is_op_call else str(op)
+        ty_args = call.ty_args
+        value_key = (name, struct_key(call.attrs), others,
+                     struct_key(items(ty_args)) if _ARRAY_SIZE(ty_args) else _NO_TY_ARGS)
+        return _Parts(name, operands, args.positions, value_key)
+
+    def add_node(self, binding: Any, value: Any, var: Any, parts: _Parts, free: list[int]) -> Node:
+        """Add the node of ``var`` and record what later bindings and the rewrite look up about it."""
         ty = var.ty
-        if dims_cast:
-            free = free + [n for n in cast_dims(value, ty) if n not in free]
-        deps = tuple(operands + free)  # ordered, repeats kept: value numbering needs both
-        node = graph.add(
-            op=name.removeprefix("relax."),
-            operands=tuple(operands),
-            deps=deps,
-            shape=dims_of(ty, shapes),
-            dtype=dtype_of(ty, dtypes),
-            value_key=value_key,
+        if self.dims_cast:
+            free = free + [n for n in self.cast_nodes(value, ty) if n not in free]
+        node = self.graph.add(
+            op=parts.name.removeprefix("relax."),
+            operands=tuple(parts.operands),
+            deps=tuple(parts.operands + free),  # ordered, repeats kept: value numbering needs both
+            shape=dims_of(ty, self.shapes),
+            dtype=dtype_of(ty, self.dtypes),
+            value_key=parts.value_key,
             escapes=not isinstance(var, relax.DataflowVar),
             handle=var,
         )
-        index[var.__chandle__()] = node.index
-        bindings.append(binding)
+        self.index[var.__chandle__()] = node.index
+        self.view.bindings.append(binding)
         if isinstance(binding, relax.MatchCast):
-            for dim in relax.analysis.tir_vars_in_type(binding.ty):
-                dims_cast.setdefault(dim.__chandle__(), (dim, node.index))
-        view.arg_positions[node.index] = tuple(positions)
-        if is_op_call and value_key is not None:
-            _classify(node, value, value_key[1], others, graph)
-    return view
+            self.record_cast_dims(binding, node.index)
+        self.view.arg_positions[node.index] = tuple(parts.positions)
+        return node
+
+    def cast_nodes(self, value: Any, ty: Any) -> list[int]:
+        """The match_casts of this block that first name a symbolic dim used by ``value`` or ``ty``."""
+        used = [*relax.analysis.free_symbolic_vars(value), *relax.analysis.tir_vars_in_type(ty)]
+        casts = self.dims_cast
+        return list(dict.fromkeys(casts[h][1] for v in used if (h := v.__chandle__()) in casts))
+
+    def record_cast_dims(self, cast: relax.MatchCast, node: int) -> None:
+        """Make ``node`` the cast naming each symbolic dim of ``cast``'s type that none named before."""
+        for dim in relax.analysis.tir_vars_in_type(cast.ty):
+            self.dims_cast.setdefault(dim.__chandle__(), (dim, node))
 
 
 def _classify(node: Any, call: relax.Call, attrs: StructKey, others: tuple[tuple[int, StructKey], ...],
