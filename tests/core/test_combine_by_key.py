@@ -105,3 +105,31 @@ def test_a_cycle_contracts_only_around_its_groups(contractions):
     assert contractions == [[1, 3]]  # every join the exact way: 31
     exact = module._walk(g, [by_key(n) for n in g.nodes], None, None, contract=lambda members: True)
     assert groups == exact and groups[0] == [1, 3] and len(groups) == 31
+
+
+def test_pairs_group_by_stage():
+    """Members of two stages, (send, recv) with the edge send -> recv: a recv may read the group's
+    sends, but a send that reads its recvs, or a recv that reads its recvs (also one walked
+    earlier), joins another group."""
+    import importlib
+
+    module = importlib.import_module("tvm_combiners.core.combine_by_key")
+    g = build([(None, [], 1),
+               (None, [0], 4), (None, [1], 4),  # 1 -> 2: pair A
+               (None, [0], 4), (None, [3, 1], 4),  # 3 -> 4, the recv reads send 1: joins A
+               (None, [2], 4), (None, [5], 4),  # 5 -> 6, the send reads recv 2: opens B
+               (None, [0], 4), (None, [7, 4], 4),  # 7 -> 8, the recv reads recv 4: joins B
+               (None, [0], 4), (None, [9], 4),  # 9 -> 10, independent: joins A, the oldest
+               (None, [0], 4), (None, [0], 4), (None, [12], 4),  # 11 -> 14 reads 12 -> 13
+               (None, [11, 13], 4)])
+    pairs = [(1, 2), (3, 4), (5, 6), (7, 8), (9, 10), (12, 13), (11, 14)]
+
+    def walk(contract=None, count=None, order=pairs):
+        members = [module.Member("send", pair, 16) for pair in order]
+        return module.group_by_key(g, members, None, count, contract)
+
+    groups = [[[1, 3, 9, 12], [2, 4, 10, 13]], [[5, 7, 11], [6, 8, 14]]]
+    assert walk() == walk(lambda nodes: True) == groups
+    assert walk(count=2) == [[[1, 3], [2, 4]], [[5, 7], [6, 8]], [[9, 12], [10, 13]]]
+    # 11 -> 14 walked before 12 -> 13: the group's recv 14 reads recv 13, so 12 -> 13 stays out
+    assert walk(order=[(11, 14), (12, 13)]) == []

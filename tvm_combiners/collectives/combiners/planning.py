@@ -5,30 +5,21 @@ Collectives group through the core's :func:`~tvm_combiners.core.combine_by_key.c
 a matched (send, recv) pair, and a group of transfers becomes one send and one recv, so the send
 group and the recv group must mirror each other. The adapters add the edge send -> recv for every
 match to the graph (a recv waits for its send), so keeping the contracted graph acyclic keeps the
-combined send before the combined recv: no cycle and no deadlock. Walk in program order; a transfer
-joins the oldest open group of its key whose sends and recvs it does not depend on (and that do not
-depend on it), first against the graph's own reachability, the whole plan then proven acyclic in
-one pass; only where it is not, again with reachability contracted after every join (exact, as
-XLA does).
+combined send before the combined recv: no cycle and no deadlock. Transfers group through the same
+core walk as collectives, each a member of two stages, send then recv
+(:func:`~tvm_combiners.core.combine_by_key.group_by_key`): first against the graph's own
+reachability, the whole plan then proven acyclic in one pass; only where it is not, again with
+reachability contracted after every join (exact, as XLA does).
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from ...core.combine_by_key import combine_by_key
-from ...core.graph import Graph, Reachability, contracted_order
+from ...core.combine_by_key import Member, combine_by_key, group_by_key
+from ...core.graph import Graph, contracted_order
 from ..ordering import channel_chains
-
-
-@dataclass
-class _Transfers:
-    sends: list[int] = field(default_factory=list)
-    recvs: list[int] = field(default_factory=list)
-    sbits: int = 0
-    rbits: int = 0
-    nbytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -55,52 +46,19 @@ def _limits(threshold_bytes: int, threshold_count: int) -> bool:
 
 def group_transfers(graph: Graph, groups: Sequence[Sequence[int]], transfers: Sequence[tuple[int, int, Hashable]],
                     threshold_bytes: int, threshold_count: int, exact: bool = True) -> list[tuple[list[int], list[int]]]:
-    """Groups of (send, recv, key) transfers, given collective ``groups`` already chosen.
+    """Groups of (send, recv, key) transfers, given collective ``groups`` already chosen: the core's
+    walk (:func:`~tvm_combiners.core.combine_by_key.group_by_key`), each transfer a member of two
+    stages, its send's bytes.
 
     ``exact``: reachability contracted for the collective groups and after every join (O(n)
     each: 3000 transfers took 35 s); otherwise the graph's own, and the caller proves the whole
     plan acyclic afterwards."""
     if not transfers or not _limits(threshold_bytes, threshold_count):
         return []
-    reach = Reachability(graph)
-    for g in groups if exact else ():
-        reach.contract(g)
-    open_groups: dict[Hashable, list[_Transfers]] = {}
-    done: list[_Transfers] = []
-    for s, r, key in transfers:
-        nbytes = graph[s].nbytes
-        if nbytes is None or nbytes > threshold_bytes:
-            continue
-        bit_s, bit_r = 1 << s, 1 << r
-        chosen = None
-        for g in open_groups.get(key, []):
-            if len(g.sends) >= threshold_count or g.nbytes + nbytes > threshold_bytes:
-                continue
-            if reach.depends_on_any(s, g.sbits | g.rbits) or reach.depends_on_any(r, g.rbits):
-                continue  # a send after a recv of the group, or a recv after another: a cycle
-            if any(reach.depends_on_any(m, bit_s | bit_r) for m in g.sends):
-                continue
-            if any(reach.depends_on_any(m, bit_r) for m in g.recvs):
-                continue
-            chosen = g
-            break
-        if chosen is None:
-            chosen = _Transfers()
-            open_groups.setdefault(key, []).append(chosen)
-        chosen.sends.append(s)
-        chosen.recvs.append(r)
-        chosen.sbits |= bit_s
-        chosen.rbits |= bit_r
-        chosen.nbytes += nbytes
-        if exact and len(chosen.sends) > 1:
-            reach.contract(chosen.sends)
-            reach.contract(chosen.recvs)
-        if len(chosen.sends) >= threshold_count or chosen.nbytes >= threshold_bytes:
-            open_groups[key].remove(chosen)
-            done.append(chosen)
-    done.extend(g for gs in open_groups.values() for g in gs)
-    out = [(g.sends, g.recvs) for g in done if len(g.sends) >= 2]
-    return sorted(out, key=lambda pair: pair[0][0])
+    members = (Member(key, (s, r), graph[s].nbytes) for s, r, key in transfers)
+    found = group_by_key(graph, members, threshold_bytes, threshold_count,
+                         (lambda _nodes: True) if exact else None, groups if exact else ())
+    return [(sends, recvs) for sends, recvs in found]
 
 
 def _rooted(graph: Graph, edges: Sequence[tuple[int, int]] = ()) -> Graph:
