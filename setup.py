@@ -7,5 +7,5 @@ setup(
     packages=find_packages(include=["tvm_combiners", "tvm_combiners.*"]),
     python_requires=">=3.10",
     install_requires=["numpy", "onnx", "onnxruntime"],
-    entry_points={"console_scripts": ["tvm-combiners=tvm_combiners.cli:main"]},
+    entry_points={"console_scripts": ["tvm-combiners=tvm_combiners.app.cli:main"]},
 )

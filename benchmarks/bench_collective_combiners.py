@@ -92,7 +92,7 @@ def rank_main(quick: bool) -> None:
     from mpi4py import MPI
 
     import tvm_combiners.collectives.runtime  # noqa: F401 - registers the runtime functions
-    from tvm_combiners.collectives.combiners import relax as CB
+    from tvm_combiners.collectives.relax import combiners as CB
 
     comm = MPI.COMM_WORLD
     n = comm.Get_size()

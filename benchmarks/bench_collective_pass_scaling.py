@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from tvm_combiners.text_table import table
+from tvm_combiners.app.text_table import table
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHONS = {"relax": ROOT / ".venv" / "bin" / "python", "relay": ROOT / ".venv-relay" / "bin" / "python"}

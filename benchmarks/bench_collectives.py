@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tvm_combiners.text_table import table
+from tvm_combiners.app.text_table import table
 
 SIZES = (4, 4 << 10, 1 << 20, 16 << 20)
 OPS = ("allreduce", "allgather", "reduce_scatter", "send/recv")

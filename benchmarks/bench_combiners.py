@@ -18,9 +18,9 @@ from pathlib import Path
 
 import onnx
 
+from tvm_combiners.app.text_table import table as text_table
 from tvm_combiners.models.hf_export import export_bert
 from tvm_combiners.models.inception import inception_model
-from tvm_combiners.text_table import table as text_table
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHONS = {"relax": ROOT / ".venv" / "bin" / "python", "relay": ROOT / ".venv-relay" / "bin" / "python"}

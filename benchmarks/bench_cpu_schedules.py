@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/bench_cpu_schedules.py [--models minilm,bert-base] [--rounds 6] [--repeat 5]
 
 For each model (batch 1, seq 128): the baseline compiled with TVM's own llvm pipeline, the baseline
-and the combined module (stacked) compiled with the default schedules (``tvm_combiners.relax.
-cpu_schedules``: our GEMM rule), and onnxruntime with TVM's thread
+and the combined module (stacked) compiled with the default schedules (``tvm_combiners.compile.
+schedules``: our GEMM rule), and onnxruntime with TVM's thread
 count, all on the same inputs. The three TVM builds are timed in alternating rounds (the naive one
 once a round: it runs for seconds; baseline and combined in turn first); each ratio is the median of
 the rounds' ratios, their range in brackets. Every build's outputs are checked against onnxruntime's first.
@@ -19,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
+from tvm_combiners.app.text_table import table
+from tvm_combiners.compile import relax_runner as runner
+from tvm_combiners.compile.pipelines import cpu_pipeline
 from tvm_combiners.models import loader
-from tvm_combiners.relax import runner
-from tvm_combiners.relax.cpu_schedules import cpu_pipeline
 from tvm_combiners.relax.passes import CombineParallelOps
-from tvm_combiners.text_table import table
 
 MODELS = {"minilm": "MiniLM-L3", "bert-base": "BERT-base"}
 

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tvm_combiners.text_table import table
+from tvm_combiners.app.text_table import table
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHONS = {"relax": ROOT / ".venv" / "bin" / "python", "relay": ROOT / ".venv-relay" / "bin" / "python"}
@@ -83,10 +83,10 @@ def measure(ir: str, shape: str, n: int, model: str | None) -> None:
     """
     from measure import builtin_combine
 
-    from tvm_combiners.main_job import _backend
+    from tvm_combiners.app.job.run import select_backend
     from tvm_combiners.models import prepare_onnx
 
-    backend = _backend(ir)
+    backend = select_backend(ir)
     synthetic = lambda shape, n: relax_module(shape, n) if ir == "relax" else (relay_module(shape, n), {})  # noqa: E731
     # the ONNX model as the main job imports it (Relay: module and params)
     mod = backend.import_model(prepare_onnx(model, 1, 32)) if model else synthetic(shape, n)

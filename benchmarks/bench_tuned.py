@@ -26,8 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from tvm_combiners.main_job import TUNE_TASKS, run_job
-from tvm_combiners.text_table import table
+from tvm_combiners.app.job import run_job
+from tvm_combiners.app.text_table import table
+from tvm_combiners.compile.tuning import TUNE_TASKS
 
 MODELS = {"minilm": ("MiniLM-L3", 128), "bert-base": ("BERT-base", 128)}
 
@@ -76,7 +77,7 @@ def main() -> None:
         parser.error("--tune-tasks chooses what to tune: it needs --trials above 0")
     batches = [int(b) for b in args.batches.split(",") if b.strip()]
     if args.target == "cuda":
-        from tvm_combiners.relax.runner import has_gpu
+        from tvm_combiners.compile.relax_runner import has_gpu
 
         if not has_gpu():
             parser.error("--target cuda measures on the GPU: this machine has no CUDA GPU")
@@ -116,7 +117,7 @@ def main() -> None:
               f"but some tasks reuse records of up to {most} trials from --tune-dir: budgets differ")
     which = ", GEMM and convolution tasks only" if args.tune_tasks == "gemm" else ""
     how = (f"tuned with MetaSchedule ({args.trials} trials per task{which}, {budget})" if args.trials
-           else "default schedules, untuned" + (" (dlight)" if args.target == "cuda" else " (cpu_schedules)"))
+           else "default schedules, untuned" + (" (dlight)" if args.target == "cuda" else " (tvm_combiners' CPU rules)"))
     print(f"{args.target}, {how}; onnxruntime on the CPU with TVM's thread count; "
           f"combined/baseline > 1 means combined is faster; stack: one batched matmul over stacked weights, "
           f"concat: one GEMM over concatenated weights")

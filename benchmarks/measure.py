@@ -19,7 +19,7 @@ def builtin_combine(ir: str, mod):
         from tvm import relax
 
         return relax.transform.CombineParallelMatmul()(mod)
-    from tvm_combiners.relay.runner import relays_own_passes
+    from tvm_combiners.compile.relay_runner import relays_own_passes
 
     return relays_own_passes(mod[0]), mod[1]
 
@@ -31,9 +31,10 @@ def timed(fn, *args):
 
 
 def measure(ir: str, path: str | None, batch: int, seq: int | None, repeat: int, target: str) -> dict:
-    from tvm_combiners.main_job import _backend, max_abs_diff
+    from tvm_combiners.app.job import max_abs_diff
+    from tvm_combiners.app.job.run import select_backend
 
-    backend = _backend(ir)
+    backend = select_backend(ir)
     model = prepare_onnx(path or default_model_path(), batch, seq)
     inputs = example_inputs(model, batch, seq)
     reference = run_onnxruntime(model, inputs)

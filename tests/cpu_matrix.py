@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import pytest
 
-from tvm_combiners.host import known_cpus, missing_on_host
+from tvm_combiners.compile.host import known_cpus, missing_on_host
 
 #: Baseline x86-64; AVX2 (Intel, AMD: znver3 also has AMD's SSE4a); AVX-512 without VNNI; with
 #: VNNI; with AMX (the Emerald Rapids of this project's pool is a Sapphire Rapids to TVM 0.16).

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tvm_combiners.cli import main
+from tvm_combiners.app.cli import main
 
 SCRIPT_DIR = os.path.dirname(sys.executable)
 
@@ -58,7 +58,7 @@ def test_combine_as_concat_concatenates_equal_widths(capsys):
 
 @pytest.mark.slow
 def test_cuda_target_compiles_and_says_when_it_cannot_run(capsys):
-    from tvm_combiners.relax.runner import has_gpu
+    from tvm_combiners.compile.relax_runner import has_gpu
 
     assert main(["run", "--target", "cuda", "--repeat", "1", "--seq", "32"]) == 0
     out = capsys.readouterr().out
@@ -87,7 +87,7 @@ def test_launch_passes_the_failing_exit_code_on():
 def test_run_imports_neither_mpi_nor_the_launcher(tmp_path):
     empty = tmp_path / "empty.onnx"
     empty.write_bytes(b"")
-    code = ("import sys; from tvm_combiners.cli import main; rc = main(['run', sys.argv[1]]); "
+    code = ("import sys; from tvm_combiners.app.cli import main; rc = main(['run', sys.argv[1]]); "
             "print(rc, sorted(m for m in sys.modules if 'mpi4py' in m or 'collectives' in m))")
     proc = subprocess.run([sys.executable, "-c", code, str(empty)], capture_output=True, text=True, timeout=120)
     assert proc.stdout.strip() == "2 []", proc.stderr
@@ -118,9 +118,9 @@ def test_launch_example_names_are_checked(capsys):
 
 
 def test_example_command_runs_the_module_with_its_options():
-    from tvm_combiners.examples import example_command
+    from tvm_combiners.app.examples import example_command
 
     assert example_command("pipeline-bert", ["--seq", "8"], "/tmp/r.json") == [
-        "python", "-m", "tvm_combiners.examples.pipeline_bert", "--seq", "8", "--json-out", "/tmp/r.json"]
+        "python", "-m", "tvm_combiners.app.examples.pipeline_bert", "--seq", "8", "--json-out", "/tmp/r.json"]
     with pytest.raises(ValueError, match="unknown example 'x': choose from dp-train, pipeline-bert"):
         example_command("x", [])

@@ -16,7 +16,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tvm_combiners.cli import main
+from tvm_combiners.app.cli import main
 from tvm_combiners.models.loader import cpu_threads
 
 ERROR = "tvm-combiners: error: "
@@ -199,7 +199,7 @@ def test_seq_beyond_minilm_positions(capsys):
 
 
 def test_launch_that_cannot_be_imported_is_one_line(capsys, monkeypatch):
-    import tvm_combiners.cli as cli
+    import tvm_combiners.app.cli as cli
 
     def missing():
         raise ImportError("No module named 'mpi4py'")
@@ -249,7 +249,7 @@ def _boom(*args):
 
 
 def test_internal_error_names_the_stage_and_exits_1(capsys, tmp_path, monkeypatch):
-    from tvm_combiners.relax.job import RelaxBackend
+    from tvm_combiners.app.backends.relax import RelaxBackend
 
     monkeypatch.setattr(RelaxBackend, "combine", _boom)
     path = parallel_matmuls(tmp_path / "p.onnx")
@@ -258,7 +258,7 @@ def test_internal_error_names_the_stage_and_exits_1(capsys, tmp_path, monkeypatc
 
 
 def test_debug_shows_the_traceback(capsys, tmp_path, monkeypatch):
-    from tvm_combiners.relax.job import RelaxBackend
+    from tvm_combiners.app.backends.relax import RelaxBackend
 
     monkeypatch.setattr(RelaxBackend, "combine", _boom)
     path = parallel_matmuls(tmp_path / "p.onnx")
@@ -270,7 +270,7 @@ def test_debug_shows_the_traceback(capsys, tmp_path, monkeypatch):
 
 
 def test_interrupt_is_one_line(capsys, tmp_path, monkeypatch):
-    from tvm_combiners.relax.job import RelaxBackend
+    from tvm_combiners.app.backends.relax import RelaxBackend
 
     def interrupt(*args):
         raise KeyboardInterrupt
@@ -347,7 +347,7 @@ def test_text_report_puts_onnxruntime_beside_tvm(capsys, tmp_path):
 ], ids=["nothing combined", "rounds on both sides of 1", "faster", "slower"])
 def test_the_speedup_line_says_only_what_the_rounds_support(groups, rounds, line):
     """Two identical modules were reported as "speedup 1.54x [1.05-1.59]"; rounds of 0.36-1.43x as a speed-up."""
-    from tvm_combiners.main_job import JobReport
+    from tvm_combiners.app.job import JobReport
 
     report = JobReport("m.onnx", "relax", "llvm", 1, 8, groups=groups, round_speedups=rounds)
     assert report.speedup_text(report.speedup()) == line
@@ -357,7 +357,8 @@ def test_the_speedup_line_says_only_what_the_rounds_support(groups, rounds, line
 def test_rounds_on_both_sides_of_1_are_doubled_to_tell():
     """The number of rounds follows the spread: a median off 1 whose interval holds 1 gets as many
     rounds again (once), which can narrow the interval to a verdict; a clear result gets none."""
-    from tvm_combiners.main_job import JobReport, Variant, _time_alternating, median_interval
+    from tvm_combiners.app.job import JobReport, Variant, median_interval
+    from tvm_combiners.app.job.timing import time_alternating
 
     assert median_interval([1.0, 5.0, 2.0, 3.0, 4.0]) == (1.0, 5.0)  # up to 5 rounds: all of them
     assert median_interval(range(10)) == (1, 8) and median_interval(range(20)) == (5, 14)
@@ -373,7 +374,7 @@ def test_rounds_on_both_sides_of_1_are_doubled_to_tell():
                 return next(self.times)
 
         runnable = [(Variant("baseline", {}, 0.0), None), (Variant("combined", {}, 0.0), None)]
-        _time_alternating(Backend(), runnable, {}, "llvm", 10, report, said.append)
+        time_alternating(Backend(), runnable, {}, "llvm", 10, report, said.append)
         return report, said
 
     # 10 rounds, two below 1: the interval (2nd to 9th) 0.97x-1.20x holds 1; 10 more narrow it to 1.20x
@@ -411,7 +412,7 @@ def test_closed_stdout_is_not_a_traceback(tmp_path):
 
 def test_a_changed_result_is_never_reported_as_success(capsys, tmp_path, monkeypatch):
     """If a combined module ever computed something else, the job fails (exit 1) instead of printing a table."""
-    from tvm_combiners.relax.job import RelaxBackend
+    from tvm_combiners.app.backends.relax import RelaxBackend
 
     real_run = RelaxBackend.run
     calls = []
@@ -547,9 +548,9 @@ def test_example_help_is_printed_once_without_starting_ranks(capsys):
 
 
 def test_python_dash_m_prints_one_line_for_an_example_option() -> None:
-    """Review: under `python -m tvm_combiners.cli` the module ran as __main__, and the UsageError an
-    example's option check raised (tvm_combiners.cli's class) escaped as a traceback, exit 1."""
-    proc = subprocess.run([sys.executable, "-m", "tvm_combiners.cli", "launch", "-n", "1", "--example", "dp-train",
+    """Review: under `python -m tvm_combiners.app.cli` the module ran as __main__, and the UsageError an
+    example's option check raised (tvm_combiners.app.cli's class) escaped as a traceback, exit 1."""
+    proc = subprocess.run([sys.executable, "-m", "tvm_combiners.app.cli", "launch", "-n", "1", "--example", "dp-train",
                            "--json", "--", "--bogus"], capture_output=True, text=True, timeout=120)
     line = "launch --example dp-train: unrecognized arguments: --bogus"
     assert (proc.returncode, proc.stderr) == (2, f"{ERROR}{line}\n")
@@ -560,7 +561,7 @@ def test_json_stays_alone_on_stdout_when_stderr_is_closed(tmp_path):
     """Review: with stderr closed (2>&-) sys.stderr is None, and print(file=None) wrote every progress
     line into stdout ahead of the JSON document."""
     path = parallel_matmuls(tmp_path / "m.onnx")
-    proc = subprocess.run(f"{shlex.quote(sys.executable)} -m tvm_combiners.cli run {shlex.quote(str(path))} --json "
+    proc = subprocess.run(f"{shlex.quote(sys.executable)} -m tvm_combiners.app.cli run {shlex.quote(str(path))} --json "
                           "--repeat 1 --ir relax 2>&-", shell=True, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0
     assert json.loads(proc.stdout)["ok"] is True

@@ -8,7 +8,7 @@ import signal
 import pytest
 from test_cli_errors import parallel_matmuls
 
-from tvm_combiners.interrupts import keep_interrupts
+from tvm_combiners.compile.interrupts import keep_interrupts
 
 
 def _ffi_call() -> None:
@@ -46,7 +46,7 @@ def test_an_interrupt_inside_tvm_stays_an_interrupt():
 def test_ctrl_c_while_compiling_ends_the_job_interrupted(caught, monkeypatch, tmp_path, capsys):
     """Ctrl-C inside the CPU schedule rule (a Python callback of TVM's pass): it was reported as
     "TVM cannot compile the baseline module" (exit 2), or lost where the rule declined (exit 0)."""
-    from tvm_combiners.relax.cpu_schedules import CPUMatmul
+    from tvm_combiners.compile.schedules import CPUMatmul
 
     def interrupted(self, func, target, fuse_epilogue):
         if caught:
@@ -60,6 +60,6 @@ def test_ctrl_c_while_compiling_ends_the_job_interrupted(caught, monkeypatch, tm
 
 
 def main_run(path: str) -> int:
-    from tvm_combiners.cli import main
+    from tvm_combiners.app.cli import main
 
     return main(["run", path, "--ir", "relax", "--batch", "2", "--repeat", "1"])

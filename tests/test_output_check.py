@@ -12,7 +12,8 @@ import math
 import numpy as np
 import pytest
 
-from tvm_combiners.main_job import JobError, _check_combined, max_abs_diff, output_diff, output_diffs
+from tvm_combiners.app.job import JobError, max_abs_diff, output_diff, output_diffs
+from tvm_combiners.app.job.checks import check_combined
 
 F = np.float32
 
@@ -39,7 +40,7 @@ def test_a_nan_in_any_output_is_the_largest_difference() -> None:
 
 
 def _check(combined: list[np.ndarray], baseline: list[np.ndarray], reference: list[np.ndarray] | None = None) -> None:
-    _check_combined("m.onnx", combined, baseline, None if reference is None else output_diffs(baseline, reference))
+    check_combined("m.onnx", combined, baseline, None if reference is None else output_diffs(baseline, reference))
 
 
 def _fails(combined: list[np.ndarray], baseline: list[np.ndarray], reference: list[np.ndarray] | None = None) -> str:
@@ -86,7 +87,7 @@ def test_nans_infinities_and_shapes_are_checked() -> None:
 
 
 def test_the_header_shows_the_sizes_the_modules_ran_on() -> None:
-    from tvm_combiners.main_job import JobReport
+    from tvm_combiners.app.job import JobReport
 
     dynamic = JobReport("m.onnx", "relax", "llvm", 3, 5, inputs={"ids": [3, 5], "mask": [3, 5], "scale": [1]})
     assert dynamic.sizes() == "batch 3  seq 5"
@@ -107,7 +108,7 @@ def test_onnxruntime_is_timed_on_the_cores_the_process_started_with(monkeypatch)
 
     import tvm
 
-    from tvm_combiners.host import START_CORES
+    from tvm_combiners.compile.host import START_CORES
     from tvm_combiners.models import loader
 
     if not hasattr(os, "sched_getaffinity") or len(START_CORES) < 2:
@@ -143,7 +144,7 @@ def test_a_baseline_far_from_onnxruntime_widens_the_check_only_so_far() -> None:
     """Review: TVM's Relay softmax (opset 11) is 0.85 off onnxruntime; 10x that let random numbers
     pass as the combined output. The noise allowance stops at NOISE_CAP of the output's scale, and
     the report says the baseline computes something else."""
-    from tvm_combiners.main_job import NOISE_CAP, reference_disagreement
+    from tvm_combiners.app.job.checks import NOISE_CAP, reference_disagreement
 
     rng = np.random.default_rng(0)
     reference = rng.random((8, 16)).astype(F)

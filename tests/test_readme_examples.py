@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 
+from tvm_combiners.compile.relax_runner import run_vm
 from tvm_combiners.models import example_inputs, run_onnxruntime
-from tvm_combiners.relax.runner import run_vm
 
 
 @pytest.mark.slow

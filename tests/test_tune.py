@@ -12,10 +12,10 @@ import tvm
 import tvm_ffi
 from test_cli_errors import ERROR, parallel_matmuls
 
-from tvm_combiners.cli import main
-from tvm_combiners.relax import tuning
-from tvm_combiners.relax.default_candidates import default_schedule
-from tvm_combiners.relax.runner import make_target
+from tvm_combiners.app.cli import main
+from tvm_combiners.compile.relax_runner import make_target
+from tvm_combiners.compile.tuning import database, intrinsics, measure, search, targets
+from tvm_combiners.compile.tuning.defaults import default_schedule
 
 
 def _run_json(capsys, *args: str) -> tuple[dict, str]:
@@ -36,20 +36,20 @@ def test_tune_tunes_both_modules_then_reuses_every_record(capsys, tmp_path, monk
     assert combined["tasks"] > combined["selected"] == combined["tuned"] == 1  # its GEMM is new, its split is left
     assert f"{combined['tasks']} MetaSchedule tasks (1 of them GEMMs or convolutions, the rest left" in err
     assert "tuning task 1/2" in err and "trials" in err
-    folder = tuning.tune_dir(records, tuning.tuning_target(make_target("llvm")))
-    assert len(tuning._recorded(tuning._open_database(folder))) == 3  # the three GEMM tasks, nothing of the split
+    folder = targets.tune_dir(records, targets.tuning_target(make_target("llvm")))
+    assert len(database.recorded_tasks(database.open_database(folder))) == 3  # the three GEMM tasks, nothing of the split
     # each task's default schedule was timed beside its search: one of its records is that schedule
-    database = tuning._open_database(folder)
+    db = database.open_database(folder)
     by_task: dict[str, tuple[tvm.IRModule, set[str]]] = {}
-    for record in database.get_all_tuning_records():
+    for record in db.get_all_tuning_records():
         mod = record.workload.mod
         by_task.setdefault(str(tvm_ffi.structural_hash(mod)), (mod, set()))[1].add(str(record.trace))
-    target = tuning.tuning_target(make_target("llvm"))
+    target = targets.tuning_target(make_target("llvm"))
     defaults = [(default_schedule(mod["main"], target), traces) for mod, traces in by_task.values()]
     assert len(by_task) == 3 and any(d is not None for d, _ in defaults)  # width 16 (4 and 20: no 2 vectors of 8)
     assert all(str(d.trace) in traces for d, traces in defaults if d is not None)
     # the report counts the tasks whose best record (the one compile_tuned applies) is that schedule
-    on_default = sum(str(database.get_top_k(database.commit_workload(mod), 1)[0].trace) == str(d.trace)
+    on_default = sum(str(db.get_top_k(db.commit_workload(mod), 1)[0].trace) == str(d.trace)
                      for (mod, _), (d, _) in zip(by_task.values(), defaults) if d is not None)
     assert sum(v["tuning"]["defaults_kept"] for v in gemms["variants"]) == on_default
 
@@ -72,9 +72,9 @@ def test_tune_tunes_both_modules_then_reuses_every_record(capsys, tmp_path, monk
     assert all(v["max_abs_diff"] <= 1e-5 for v in again["variants"])
 
     # the ledger's task keys are the keys of the workloads the records hold
-    database = tuning._open_database(folder)
-    ledger = json.loads((folder / tuning.LEDGER).read_text())
-    assert set(ledger) == tuning._recorded(database) and set(ledger.values()) == {2}
+    db = database.open_database(folder)
+    ledger = json.loads((folder / database.LEDGER).read_text())
+    assert set(ledger) == database.recorded_tasks(db) and set(ledger.values()) == {2}
 
     # a bigger budget than the records had: the baseline's tasks are tuned again, with 3 trials each
     more, err = _run_json(capsys, *args[:-3], "3", "--tune-dir", str(records))
@@ -90,7 +90,7 @@ def test_tune_tunes_both_modules_then_reuses_every_record(capsys, tmp_path, monk
 
     # GEMMs only once more: the split's record (tuned by the all-tasks runs) is not applied (review: the
     # whole database was, so records the GEMM-only run says it leaves out were compiled in)
-    from tvm_combiners.relax.job import RelaxBackend
+    from tvm_combiners.app.backends.relax import RelaxBackend
 
     applied, compile_tuned = [], RelaxBackend.compile_tuned
     monkeypatch.setattr(RelaxBackend, "compile_tuned", lambda self, mod, target, db: (
@@ -103,7 +103,7 @@ def test_tune_tunes_both_modules_then_reuses_every_record(capsys, tmp_path, monk
 def _searchless_tuning(monkeypatch, defaults_kept: int = 1) -> dict[int, str]:
     """``--tune`` without a search: the "tuned" modules are the default build. Returns each build's
     name by its id ("tuned baseline", "untuned combined", ...), filled in as the job compiles."""
-    from tvm_combiners.relax.job import RelaxBackend
+    from tvm_combiners.app.backends.relax import RelaxBackend
 
     names: dict[int, str] = {}
     compile_module = RelaxBackend.compile
@@ -114,7 +114,7 @@ def _searchless_tuning(monkeypatch, defaults_kept: int = 1) -> dict[int, str]:
         return built
 
     monkeypatch.setattr(RelaxBackend, "tune", lambda self, mod, target, trials, root, say, tasks: (
-        None, tuning.TuneSummary(2, 2, trials, 0.0, str(root), trials, defaults_kept=defaults_kept)))
+        None, search.TuneSummary(2, 2, trials, 0.0, str(root), trials, defaults_kept=defaults_kept)))
     monkeypatch.setattr(RelaxBackend, "compile_tuned", lambda self, mod, target, db: named(
         compile_module(self, mod, target), mod, True))
     monkeypatch.setattr(RelaxBackend, "compile", lambda self, mod, target: named(
@@ -123,7 +123,7 @@ def _searchless_tuning(monkeypatch, defaults_kept: int = 1) -> dict[int, str]:
 
 
 def test_an_unknown_tune_tasks_is_refused_before_any_work():
-    from tvm_combiners.main_job import JobError, run_job
+    from tvm_combiners.app.job import JobError, run_job
 
     with pytest.raises(JobError, match=r"^unknown tune_tasks 'GEMM': expected one of all, gemm$") as err:
         run_job("no-such-model.onnx", tune=1, tune_tasks="GEMM")
@@ -138,22 +138,22 @@ def test_an_unknown_tune_tasks_is_refused_before_any_work():
 ])
 def test_gemm_tasks_are_told_by_their_ops_names(name, gemm):
     """The task names of MiniLM-L3's modules (TVM names a fused function after its ops)."""
-    assert tuning.is_gemm_task(name) is gemm
+    assert targets.is_gemm_task(name) is gemm
 
 
 @pytest.mark.parametrize("untuned_ms, gain, kept, line", [
     (8.0, 4.0, 1, "tuning made the baseline 4.00x as fast as untuned\n"),
     # a small budget on cuda: dlight's schedules were faster than 16 trials' (H100, 2026-11-25)
     (1.0, 0.5, 1, "tuning made the baseline 0.50x as fast as untuned: 1 trials per task do not beat the default "
-                  "schedules (cpu_schedules) here; deploy untuned, or tune with more trials\n"),
+                  "schedules (tvm_combiners' CPU rules) here; deploy untuned, or tune with more trials\n"),
     # every task kept its default schedule: the tuned build is the untuned one, whatever the clock says
     (1.0, 0.5, 2, "tuning made the baseline 0.50x as fast as untuned: no task's search beat the default schedules "
-                  "(cpu_schedules), so both builds run the same schedules (the difference is timing noise); tune "
+                  "(tvm_combiners' CPU rules), so both builds run the same schedules (the difference is timing noise); tune "
                   "with more trials\n"),
 ])
 def test_the_report_says_whether_tuning_paid(capsys, tmp_path, monkeypatch, untuned_ms, gain, kept, line):
     """The untuned baseline, built anyway to check the tuned modules, is timed and shown beside them."""
-    from tvm_combiners.relax.job import RelaxBackend
+    from tvm_combiners.app.backends.relax import RelaxBackend
 
     model = parallel_matmuls(tmp_path / "p.onnx")
     names = _searchless_tuning(monkeypatch, kept)
@@ -189,7 +189,7 @@ def test_a_tuned_module_computing_something_else_fails_the_job(capsys, tmp_path,
     wrong in the baseline only, failed the combined module's check, blaming the combiner. Here the
     "tuned" modules are the default build (no search), and the builds named in ``wrong`` double
     their output 0."""
-    from tvm_combiners.relax.job import RelaxBackend
+    from tvm_combiners.app.backends.relax import RelaxBackend
 
     model = parallel_matmuls(tmp_path / "p.onnx")
     names = _searchless_tuning(monkeypatch)
@@ -219,34 +219,34 @@ def test_tune_options_are_checked(capsys, tmp_path, options, error):
 
 
 def test_tune_dirs_are_per_target(tmp_path, monkeypatch):
-    a = tuning.tune_dir(tmp_path, tuning.tuning_target(make_target("llvm")))
+    a = targets.tune_dir(tmp_path, targets.tuning_target(make_target("llvm")))
     assert a.parent == tmp_path and "num-cores=" in a.name and a.name.startswith("llvm")
     assert f"mcpu={tvm.target.codegen.llvm_get_system_cpu()}" in a.name
     monkeypatch.setenv("TVM_COMBINERS_MCPU", "generic")  # records for another CPU never mix with these
-    assert tuning.tune_dir(tmp_path, tuning.tuning_target(make_target("llvm"))).name == a.name.replace(
+    assert targets.tune_dir(tmp_path, targets.tuning_target(make_target("llvm"))).name == a.name.replace(
         f"mcpu={tvm.target.codegen.llvm_get_system_cpu()}", "mcpu=generic")
     for bad in (0, 100_001):
         with pytest.raises(ValueError, match=rf"^tune: trials must be an int from 1 to 100000, got {bad}$"):
-            tuning.tune(None, make_target("llvm"), bad, tmp_path)
+            search.tune(None, make_target("llvm"), bad, tmp_path)
 
 
 def test_tune_dir_defaults_to_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("TVM_COMBINERS_TUNE_DIR", str(tmp_path))
-    assert Path(tuning.tune_dir(None, make_target("llvm"))).parent == tmp_path
+    assert Path(targets.tune_dir(None, make_target("llvm"))).parent == tmp_path
 
 
 def test_a_task_is_tuned_again_only_when_new_or_given_more_trials():
-    assert tuning._needs_tuning(set(), "k", 0, 8)  # never seen
-    assert tuning._needs_tuning({"k"}, "k", 4, 8)  # seen with fewer trials
+    assert database.needs_tuning(set(), "k", 0, 8)  # never seen
+    assert database.needs_tuning({"k"}, "k", 4, 8)  # seen with fewer trials
     # tuned with this budget before, even if no candidate could be measured (a gather over random
     # indices crashes every one, and failures are records): tuning it again would fail again
-    assert not tuning._needs_tuning({"k"}, "k", 8, 8)
-    assert not tuning._needs_tuning({"k"}, "k", 16, 8)
+    assert not database.needs_tuning({"k"}, "k", 8, 8)
+    assert not database.needs_tuning({"k"}, "k", 16, 8)
     # records without a ledger entry (a database from before the ledger, or another tool's)
-    assert tuning._needs_tuning({"k"}, "k", 0, 8)
+    assert database.needs_tuning({"k"}, "k", 0, 8)
     # the ledger says tuned, but its records are gone (review: an emptied records file left every
     # task reported tuned, compiled untuned, for good)
-    assert tuning._needs_tuning(set(), "k", 8, 8)
+    assert database.needs_tuning(set(), "k", 8, 8)
 
 
 def test_a_task_tuned_again_keeps_the_budget_it_got(tmp_path, monkeypatch):
@@ -256,34 +256,34 @@ def test_a_task_tuned_again_keeps_the_budget_it_got(tmp_path, monkeypatch):
         task_name = "t"
         dispatched = [object()]
 
-    ms = tuning._ms()
-    monkeypatch.setattr(tuning, "_fused", lambda mod, target: mod)
+    ms = measure.meta_schedule()
+    monkeypatch.setattr(search, "fused", lambda mod, target: mod)
     monkeypatch.setattr(ms.relax_integration, "extract_tasks", lambda mod, target: [Task()])
     monkeypatch.setattr(ms.relax_integration, "extracted_tasks_to_tune_contexts", lambda *a, **k: ([], []))
     monkeypatch.setattr(ms, "tune_tasks", lambda **kw: None)
-    monkeypatch.setattr(tuning, "commit_defaults", lambda *args: 0)
-    monkeypatch.setattr(tuning, "_task_key", lambda task: "k")
-    monkeypatch.setattr(tuning, "_recorded", lambda db: set())  # the records are gone
-    monkeypatch.setattr(tuning, "_builder", lambda kind: None)
-    monkeypatch.setattr(tuning, "_runner", lambda: None)
-    (tmp_path / tuning.LEDGER).write_text('{"k": 1000}')
-    summary, _ = tuning._tune_tasks(None, None, make_target("llvm"), 2, tmp_path, lambda msg: None, 0.0)
-    assert json.loads((tmp_path / tuning.LEDGER).read_text()) == {"k": 2}
+    monkeypatch.setattr(search, "commit_defaults", lambda *args: 0)
+    monkeypatch.setattr(search, "task_key", lambda task: "k")
+    monkeypatch.setattr(search, "recorded_tasks", lambda db: set())  # the records are gone
+    monkeypatch.setattr(search, "builder", lambda kind: None)
+    monkeypatch.setattr(search, "runner", lambda: None)
+    (tmp_path / database.LEDGER).write_text('{"k": 1000}')
+    summary, _ = search._tune_tasks(None, None, make_target("llvm"), 2, tmp_path, lambda msg: None, 0.0)
+    assert json.loads((tmp_path / database.LEDGER).read_text()) == {"k": 2}
     assert (summary.tuned, summary.most_trials) == (1, 2)
 
 
 def test_an_unreadable_ledger_counts_every_task_untuned(tmp_path):
     for text in ('{"1": null}', '{"1": [2]}', "[1, 2]", "{", ""):  # null: a TypeError ended the job, "a bug"
-        (tmp_path / tuning.LEDGER).write_text(text)
-        assert tuning._read_ledger(tmp_path) == {}, text
-    (tmp_path / tuning.LEDGER).write_text('{"1": 2}')
-    assert tuning._read_ledger(tmp_path) == {"1": 2}
+        (tmp_path / database.LEDGER).write_text(text)
+        assert database.read_ledger(tmp_path) == {}, text
+    (tmp_path / database.LEDGER).write_text('{"1": 2}')
+    assert database.read_ledger(tmp_path) == {"1": 2}
 
 
 def test_search_population_follows_the_budget():
     # MetaSchedule's 512 from 32 trials up; smaller budgets evolve fewer schedules they never measure
-    assert [tuning._search_strategy(t).population_size for t in (1, 2, 8, 32, 64, 1000)] == [32, 32, 128, 512, 512, 512]
-    assert tuning._search_strategy(2).init_min_unmeasured == 32 and tuning._search_strategy(64).init_min_unmeasured == 50
+    assert [search._search_strategy(t).population_size for t in (1, 2, 8, 32, 64, 1000)] == [32, 32, 128, 512, 512, 512]
+    assert search._search_strategy(2).init_min_unmeasured == 32 and search._search_strategy(64).init_min_unmeasured == 50
 
 
 def test_a_tune_dir_that_cannot_hold_records_is_refused_before_anything_runs(capsys, tmp_path):
@@ -299,7 +299,7 @@ def test_a_tune_dir_that_cannot_hold_records_is_refused_before_anything_runs(cap
 def test_unreadable_records_are_the_users_to_delete(capsys, tmp_path):
     """A truncated database failed every later --tune run with exit 1, 'a bug in tvm-combiners'."""
     model = parallel_matmuls(tmp_path / "p.onnx")
-    folder = tuning.tune_dir(tmp_path, tuning.tuning_target(make_target("llvm")))
+    folder = targets.tune_dir(tmp_path, targets.tuning_target(make_target("llvm")))
     folder.mkdir(parents=True)
     (folder / "database_workload.json").write_text('["1234", {"this is": "cut off')
     assert main(["run", str(model), "--tune", "1", "--tune-dir", str(tmp_path)]) == 2
@@ -312,8 +312,8 @@ def test_unreadable_records_are_the_users_to_delete(capsys, tmp_path):
 def test_a_blank_line_in_the_records_is_refused_not_a_segfault(tmp_path, name):
     """Review: one blank line (an editor's trailing newline) segfaulted MetaSchedule's reader."""
     (tmp_path / name).write_text('["1"]\n\n')
-    with pytest.raises(tuning.UserError) as info:
-        tuning._open_database(tmp_path)
+    with pytest.raises(database.UserError) as info:
+        database.open_database(tmp_path)
     assert str(info.value) == (f"the tuning records in {tmp_path} cannot be read (line 2 of {name} is blank): "
                                "delete that folder, or give another --tune-dir, to tune afresh")
 
@@ -327,7 +327,7 @@ def test_one_tuning_run_per_database_at_a_time(tmp_path):
     entered = threading.Event()
 
     def second_run() -> None:
-        with tuning._exclusive(tmp_path, said.append):
+        with database.exclusive(tmp_path, said.append):
             entered.set()
 
     with open(tmp_path / "lock", "w") as held:
@@ -345,7 +345,7 @@ def test_the_cheap_stack_tvmscript_reads_matches_inspects():
     """Importing TVM's tensor intrinsics took 48 s of a first ``--tune`` in inspect.stack()."""
 
     def inner():
-        return tuning._frames(), __import__("inspect").stack()
+        return intrinsics.cheap_stack(), __import__("inspect").stack()
 
     ours, theirs = inner()  # both start at inner's frame
     assert len(ours) > 3 and [(f.filename, f.lineno, f.function, f.code_context) for f in ours] == \
@@ -368,20 +368,20 @@ def test_cuda_tasks_get_a_search_space_and_their_candidates_build(tmp_path):
                 R.output(y)
             return y
 
-    ms = tuning._ms()
-    target = tuning.tuning_target(make_target("cuda"))
+    ms = measure.meta_schedule()
+    target = targets.tuning_target(make_target("cuda"))
     limits = {k: int(target.attrs[k]) for k in ("max_threads_per_block", "max_shared_memory_per_block",
                                                  "thread_warp_size")}
     if not tvm.cuda(0).exist:
         assert limits == {"max_threads_per_block": 1024, "max_shared_memory_per_block": 49152, "thread_warp_size": 32}
-    assert tuning.tuning_target(target).export() == target.export()  # nothing added twice
-    tasks = ms.relax_integration.extract_tasks(tuning._fused(Matmul, target), target)
+    assert targets.tuning_target(target).export() == target.export()  # nothing added twice
+    tasks = ms.relax_integration.extract_tasks(measure.fused(Matmul, target), target)
     assert [t.task_name for t in tasks] == ["matmul"]
     context = ms.TuneContext(mod=tasks[0].dispatched[0], target=target, space_generator="post-order-apply",
                              search_strategy="replay-trace", task_name="matmul")
     spaces = context.generate_design_space()
     assert spaces
-    built = tuning.build_candidate(spaces[0].mod, target, None)
+    built = measure.build_candidate(spaces[0].mod, target, None)
     assert "__global__" in built.imports[0].inspect_source()  # a cuda kernel, compiled
 
 
@@ -394,9 +394,9 @@ def test_records_that_cannot_be_written_whole_fail_the_run_and_keep_the_folder(t
         return subprocess.run([*prog, *args], capture_output=True, text=True, timeout=300)
 
     assert run("a", "3").returncode == 0
-    folder = tuning.tune_dir(tmp_path, tuning.tuning_target(make_target("llvm")))
+    folder = targets.tune_dir(tmp_path, targets.tuning_target(make_target("llvm")))
     before = {p.name: p.read_bytes() for p in folder.glob("*.json")}
-    assert len(tuning._open_database(folder)) == 3
+    assert len(database.open_database(folder)) == 3
     cut = run("b", "20", "300")  # 300 bytes of room: the new workload (kilobytes) is cut mid-line
     assert cut.returncode == 2, cut.stderr[-2000:]
     line = cut.stderr.splitlines()[-1]
@@ -405,7 +405,7 @@ def test_records_that_cannot_be_written_whole_fail_the_run_and_keep_the_folder(t
                          "size limit) and tune again")
     assert {p.name: p.read_bytes() for p in folder.glob("*.json")} == before and not (folder / ".staging").exists()
     assert run("b", "2").returncode == 0  # room again: the next run adds its records to those kept
-    assert len(tuning._open_database(folder)) == 5
+    assert len(database.open_database(folder)) == 5
 
 
 @pytest.mark.parametrize("missing", ["psutil", "cloudpickle"])

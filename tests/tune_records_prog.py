@@ -12,16 +12,16 @@ from pathlib import Path
 import tvm
 from tvm import te
 
-from tvm_combiners.main_job import UserError
-from tvm_combiners.relax import tuning
-from tvm_combiners.relax.runner import make_target
+from tvm_combiners.compile.relax_runner import make_target
+from tvm_combiners.compile.tuning import measure, search, targets
+from tvm_combiners.errors import UserError
 
 
 def main() -> int:
     root, key, count = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     limit = int(sys.argv[4]) if len(sys.argv) > 4 else None
-    ms = tuning._ms()
-    target = tuning.tuning_target(make_target("llvm"))
+    ms = measure.meta_schedule()
+    target = targets.tuning_target(make_target("llvm"))
     size = 8 * (1 + sum(map(ord, key)) % 16)  # a workload of its own per key
     a = te.placeholder((size, size), "float32", "a")
     workload = tvm.IRModule({"main": te.create_prim_func([a, te.compute((size, size), lambda i, j: a[i, j] * 2)])})
@@ -30,7 +30,7 @@ def main() -> int:
         task_name = f"task_{key}"
         dispatched = [workload]
 
-    def search(database, **_kw):
+    def fake_search(database, **_kw):
         staged = [p.stat().st_size for p in database_dir.glob("*.json")]
         soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
         if limit is not None:
@@ -44,16 +44,16 @@ def main() -> int:
         finally:
             resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
 
-    database_dir = tuning.tune_dir(root, target) / ".staging"
-    tuning._fused = lambda mod, target: mod
-    tuning._import_tensor_intrinsics = lambda: None
-    tuning._task_key = lambda task: key
-    tuning.commit_defaults = lambda *args: 0
+    database_dir = targets.tune_dir(root, target) / ".staging"
+    search.fused = lambda mod, target: mod
+    search.import_tensor_intrinsics = lambda: None
+    search.task_key = lambda task: key
+    search.commit_defaults = lambda *args: 0
     ms.relax_integration.extract_tasks = lambda mod, target: [Task()]
     ms.relax_integration.extracted_tasks_to_tune_contexts = lambda *args, **kw: ([], [])
-    ms.tune_tasks = search
+    ms.tune_tasks = fake_search
     try:
-        tuning.tune(None, make_target("llvm"), 2, root)
+        search.tune(None, make_target("llvm"), 2, root)
     except UserError as err:
         print(err, file=sys.stderr)
         return 2

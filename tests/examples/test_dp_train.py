@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("tvm_ffi")
 
-from tvm_combiners.examples import dp_train as D  # noqa: E402
+from tvm_combiners.app.examples import dp_train as D  # noqa: E402
 
 SCRIPT_DIR = os.path.dirname(sys.executable)
 EXE = shutil.which("tvm-combiners", path=SCRIPT_DIR)
@@ -176,7 +176,7 @@ def test_failed_compile_leaves_no_folder(tmp_path):
     """compile_shared on 2 ranks, rank 1's build raising: one error, and its shared folder removed."""
     prog = tmp_path / "prog.py"
     prog.write_text(
-        "from tvm_combiners.examples.report import compile_shared\n"
+        "from tvm_combiners.app.examples.report import compile_shared\n"
         "class Built:\n"
         "    def export_library(self, path):\n"
         "        open(path, 'w').write('not a library')\n"
@@ -193,7 +193,7 @@ def test_failed_compile_leaves_no_folder(tmp_path):
 
 
 def test_oversubscription_is_named_only_where_ranks_outnumber_cores(monkeypatch):
-    from tvm_combiners.examples import report
+    from tvm_combiners.app.examples import report
 
     monkeypatch.setattr(report, "usable_cores", lambda: 2)
     assert report.oversubscription(2) is None
@@ -218,7 +218,7 @@ def test_a_nan_after_the_first_step_fails_the_check():
     """Python's max drops a NaN that follows a number (max([1e-7, nan]) == 1e-7): a program whose
     gradients, parameters and loss went NaN from step 2 on passed every check (review finding);
     pipeline_bert's check over micro-batches takes its worst difference the same way."""
-    from tvm_combiners.examples.report import worst
+    from tvm_combiners.app.examples.report import worst
 
     assert np.isnan(worst([1e-7, float("nan"), 0.0])) and worst(x for x in (1.0, 3.0)) == 3.0
     cfg = D.Config(layers=1, hidden=16, heads=2, ffn=32, seq=4, steps=3)
@@ -243,7 +243,7 @@ def test_a_json_out_that_cannot_be_written_is_refused_before_the_job(tmp_path, e
     """The job ran to its end, then rank 0 failed on open() with a traceback (exit 1, the report lost)."""
     for path, why in ((tmp_path / "no" / "r.json", f"no folder {tmp_path / 'no'}"), (tmp_path, "is a folder"),
                       (f"{tmp_path / 'new'}/", "is a folder")):  # a folder yet to be made (helper-52)
-        proc = subprocess.run([sys.executable, "-m", f"tvm_combiners.examples.{example}", "--json-out", str(path)],
+        proc = subprocess.run([sys.executable, "-m", f"tvm_combiners.app.examples.{example}", "--json-out", str(path)],
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2, proc.stderr
-        assert proc.stderr == f"python -m tvm_combiners.examples.{example}: error: --json-out {path}: {why}\n"
+        assert proc.stderr == f"python -m tvm_combiners.app.examples.{example}: error: --json-out {path}: {why}\n"

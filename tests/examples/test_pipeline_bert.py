@@ -13,8 +13,8 @@ import pytest
 
 pytest.importorskip("tvm_ffi")
 
-from tvm_combiners.examples import pipeline_bert as P  # noqa: E402
-from tvm_combiners.examples.report import oversubscription  # noqa: E402
+from tvm_combiners.app.examples import pipeline_bert as P  # noqa: E402
+from tvm_combiners.app.examples.report import oversubscription  # noqa: E402
 
 SCRIPT_DIR = os.path.dirname(sys.executable)
 EXE = shutil.which("tvm-combiners", path=SCRIPT_DIR)

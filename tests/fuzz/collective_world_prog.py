@@ -20,7 +20,7 @@ from tvm import relax  # noqa: E402
 
 import tvm_combiners.collectives.runtime  # noqa: E402, F401 - registers the runtime functions
 from tvm_combiners.collectives import relax as CR  # noqa: E402
-from tvm_combiners.collectives.combiners import relax as CB  # noqa: E402
+from tvm_combiners.collectives.relax import combiners as CB  # noqa: E402
 
 TARGET = tvm.target.Target({"kind": "llvm", "opt-level": 0})  # tiny modules compile twice as fast
 

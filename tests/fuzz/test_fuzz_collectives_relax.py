@@ -37,8 +37,8 @@ from tvm import relax
 
 import tvm_combiners.collectives.runtime  # noqa: F401 - registers the runtime functions
 from tvm_combiners.collectives import relax as CR
-from tvm_combiners.collectives.combiners import relax as CB
-from tvm_combiners.relax.runner import count_ops
+from tvm_combiners.collectives.relax import combiners as CB
+from tvm_combiners.compile.relax_runner import count_ops
 
 KINDS = ("allreduce", "allgather", "reduce_scatter", "send", "recv")  # ours and TVM's ccl ops alike
 #: The small slice ``make test`` runs per pass setting (derandomized); ``FUZZ_EXAMPLES`` scales it.

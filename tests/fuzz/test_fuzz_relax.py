@@ -29,13 +29,13 @@ from hypothesis.control import currently_in_test_context
 from tvm import relax
 from tvm.relax.utils import copy_with_new_vars
 
+from tvm_combiners.compile.relax_runner import count_ops
 from tvm_combiners.relax import (
     CombineParallelBatchMatmul,
     CombineParallelConv2D,
     CombineParallelMatmul,
     CombineParallelOps,
 )
-from tvm_combiners.relax.runner import count_ops
 
 PASSES = {
     "matmul": CombineParallelMatmul,

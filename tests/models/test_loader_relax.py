@@ -8,6 +8,7 @@ import pytest
 import tvm.relax.frontend.onnx  # noqa: F401
 from tvm import relax
 
+from tvm_combiners.compile.relax_runner import compile_module, count_ops, cuda_source, run_vm
 from tvm_combiners.models import (
     ModelError,
     default_model_path,
@@ -20,7 +21,6 @@ from tvm_combiners.models import (
     run_onnxruntime,
 )
 from tvm_combiners.relax import CombineParallelOps
-from tvm_combiners.relax.runner import compile_module, count_ops, cuda_source, run_vm
 
 pytestmark = pytest.mark.slow
 
@@ -257,7 +257,7 @@ def test_a_fixed_zero_dim_is_fed_zero_and_the_job_runs(tmp_path, capsys):
     combiners crashed (exit 1: a Reshape of [1, 1, 0, 16] to [1, 1, 16]). Now both run."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from tvm_combiners.cli import main
+    from tvm_combiners.app.cli import main
 
     weights = [numpy_helper.from_array(np.ones((16, 16), np.float32) * k, f"w{k}") for k in (1, 2)]
     graph = helper.make_graph([helper.make_node("MatMul", ["x", f"w{k}"], [f"y{k}"]) for k in (1, 2)], "g",

@@ -4,9 +4,9 @@ import numpy as np
 import onnx
 import pytest
 
+from tvm_combiners.compile.relax_runner import compile_module, count_ops, run_vm
 from tvm_combiners.models import import_relax, run_onnxruntime
 from tvm_combiners.relax import CombineParallelMatmul, CombineParallelOps
-from tvm_combiners.relax.runner import compile_module, count_ops, run_vm
 
 pytest.importorskip("torch")
 

@@ -8,7 +8,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tvm_combiners.relax.runner import compile_module, count_ops, run_vm
+from tvm_combiners.compile.relax_runner import compile_module, count_ops, run_vm
 
 R = relax.op
 

@@ -156,7 +156,7 @@ def test_inception_block_three_1x1_become_one():
 
 
 def test_combined_modules_compile_for_cuda_and_run_where_a_gpu_exists():
-    from tvm_combiners.relax.runner import compile_module, cuda_source, has_gpu, run_vm
+    from tvm_combiners.compile.relax_runner import compile_module, cuda_source, has_gpu, run_vm
 
     mod = inception_block()
     new = CombineParallelOps()(mod)

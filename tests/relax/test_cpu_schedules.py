@@ -10,9 +10,10 @@ from helpers import make_module
 from tvm import relax
 from tvm.script import tirx as T
 
-from tvm_combiners.host import cpu_features
-from tvm_combiners.relax.cpu_schedules import CPUMatmul, cpu_pipeline, default_schedules, fusion_passes
-from tvm_combiners.relax.runner import compile_module, make_target, run_vm
+from tvm_combiners.compile.host import cpu_features
+from tvm_combiners.compile.pipelines import cpu_pipeline, fusion_passes
+from tvm_combiners.compile.relax_runner import compile_module, make_target, run_vm
+from tvm_combiners.compile.schedules import CPUMatmul, default_schedules
 
 R = relax.op
 F32 = "float32"
@@ -259,13 +260,13 @@ def test_an_epilogue_reading_another_tile_stays_after_the_gemm():
 def test_a_tuned_function_keeps_its_schedule_and_the_rest_gets_the_defaults():
     from tvm.s_tir import meta_schedule as ms
 
-    from tvm_combiners.relax import tuning
+    from tvm_combiners.compile.tuning import measure, targets
 
     mod = make_module({"x": ((8, 16), F32), "w": ((16, 32), F32), "y": ((4, 16), F32), "v": ((16, 16), F32)},
                       lambda bb, x, w, y, v: [bb.emit(R.matmul(x, w)), bb.emit(R.matmul(y, v))])
-    target = tuning.tuning_target(make_target("llvm"))
+    target = targets.tuning_target(make_target("llvm"))
     database = ms.database.MemoryDatabase()
-    (task,) = [t for t in ms.relax_integration.extract_tasks(tuning._fused(mod, target), target)
+    (task,) = [t for t in ms.relax_integration.extract_tasks(measure.fused(mod, target), target)
                if "matmul1" in t.task_name]  # the (4, 16) x (16, 16) one gets a "tuned" record
     tuned = task.dispatched[0]
     sch = tvm.s_tir.Schedule(tuned)

@@ -9,8 +9,9 @@ from cpu_matrix import conv2d_reference, cpus, numpy_mismatches, runnable_cpus
 from helpers import make_module
 from tvm import relax
 
-from tvm_combiners.relax.cpu_schedules import default_schedules, fusion_passes
-from tvm_combiners.relax.runner import compile_module, make_target, run_vm
+from tvm_combiners.compile.pipelines import fusion_passes
+from tvm_combiners.compile.relax_runner import compile_module, make_target, run_vm
+from tvm_combiners.compile.schedules import default_schedules
 
 R = relax.op
 

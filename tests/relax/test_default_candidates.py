@@ -8,9 +8,9 @@ import tvm_ffi
 from helpers import make_module
 from tvm import relax
 
-from tvm_combiners.relax import tuning
-from tvm_combiners.relax.default_candidates import commit_defaults, default_rules, default_schedule
-from tvm_combiners.relax.runner import make_target
+from tvm_combiners.compile.relax_runner import make_target
+from tvm_combiners.compile.tuning import database, intrinsics, measure, targets
+from tvm_combiners.compile.tuning.defaults import commit_defaults, default_rules, default_schedule
 
 
 def _gemm_and_softmax() -> tvm.IRModule:
@@ -20,13 +20,13 @@ def _gemm_and_softmax() -> tvm.IRModule:
 
 def _tasks(target_kind: str, mod: tvm.IRModule | None = None) -> tuple[tvm.target.Target, dict[str, object]]:
     """The MetaSchedule tasks of ``mod`` (a GEMM + relu and a softmax by default), by name."""
-    target = tuning.tuning_target(make_target(target_kind))
-    tasks = tuning._ms().relax_integration.extract_tasks(tuning._fused(mod or _gemm_and_softmax(), target), target)
+    target = targets.tuning_target(make_target(target_kind))
+    tasks = measure.meta_schedule().relax_integration.extract_tasks(measure.fused(mod or _gemm_and_softmax(), target), target)
     return target, {t.task_name: t for t in tasks}
 
 
 def _record(db, task, trace, seconds: float, target) -> None:
-    ms = tuning._ms()
+    ms = measure.meta_schedule()
     workload = task.dispatched[0]
     db.commit_tuning_record(ms.database.TuningRecord(
         trace, db.commit_workload(workload), [tvm.tirx.FloatImm("float32", seconds)], target, ms.arg_info.ArgInfo.from_prim_func(workload["main"])))
@@ -49,9 +49,9 @@ def test_cuda_rules_are_those_of_tvms_cuda_pipeline():
 def test_the_default_schedule_is_measured_and_committed_where_a_rule_applies():
     target, tasks = _tasks("llvm")
     gemm, softmax = tasks["fused_matmul_relu"], tasks["softmax"]
-    db = tuning._ms().database.MemoryDatabase()
+    db = measure.meta_schedule().database.MemoryDatabase()
     said: list[str] = []
-    assert commit_defaults(db, [gemm, softmax], target, tuning._runner(), tuning.build_candidate, said.append) == 1
+    assert commit_defaults(db, [gemm, softmax], target, measure.runner(), measure.build_candidate, said.append) == 1
     assert said == []
     assert not db.has_workload(softmax.dispatched[0])  # the CPU rule declines a softmax: it keeps its search's
     (record,) = db.get_all_tuning_records()
@@ -66,11 +66,11 @@ def test_the_default_schedule_is_measured_and_committed_where_a_rule_applies():
 def test_the_faster_of_search_and_default_is_the_best_record(searched_s, default_best):
     target, tasks = _tasks("llvm")
     gemm = tasks["fused_matmul_relu"]
-    db = tuning._ms().database.MemoryDatabase()
+    db = measure.meta_schedule().database.MemoryDatabase()
     searched = tvm.s_tir.Schedule(gemm.dispatched[0])  # a "searched" record (MetaSchedule skips empty traces)
     searched.unroll(searched.get_loops(searched.get_sblock("matmul"))[-1])
     _record(db, gemm, searched.trace, searched_s, target)
-    assert commit_defaults(db, [gemm], target, tuning._runner(), tuning.build_candidate) == int(default_best)
+    assert commit_defaults(db, [gemm], target, measure.runner(), measure.build_candidate) == int(default_best)
     default = default_schedule(gemm.dispatched[0]["main"], target)
     assert (str(_best(db, gemm).trace) == str(default.trace)) is default_best
     assert len(db.get_all_tuning_records()) == 2
@@ -86,7 +86,7 @@ class _FailingRunner:
     def run(self, inputs):
         class Future:
             def result(self):
-                return tuning._ms().runner.RunnerResult(None, "LocalRunner: An exception occurred\nTraceback (most "
+                return measure.meta_schedule().runner.RunnerResult(None, "LocalRunner: An exception occurred\nTraceback (most "
                                                         "recent call last):\n  File x\nValueError: bad index")
         return [Future() for _ in inputs]
 
@@ -98,14 +98,14 @@ class _FailingRunner:
 ])
 def test_a_default_schedule_that_fails_is_no_candidate(monkeypatch, broken, said):
     """Said, and left out: the search's records stand (a dlight rule asserts instead of declining, too)."""
-    from tvm_combiners.relax import default_candidates
+    from tvm_combiners.compile.tuning import defaults as default_candidates
 
     target, tasks = _tasks("llvm")
     if broken == "rule":
         monkeypatch.setattr(default_candidates, "default_schedule", _raises)
-    runner = _FailingRunner() if broken == "run" else tuning._runner()
-    build = _raises if broken == "build" else tuning.build_candidate
-    db = tuning._ms().database.MemoryDatabase()
+    runner = _FailingRunner() if broken == "run" else measure.runner()
+    build = _raises if broken == "build" else measure.build_candidate
+    db = measure.meta_schedule().database.MemoryDatabase()
     told: list[str] = []
     assert commit_defaults(db, [tasks["fused_matmul_relu"]], target, runner, build, told.append) == 0
     assert told == [said]
@@ -117,9 +117,9 @@ def test_dlights_schedule_survives_the_json_records_and_builds_for_cuda(tmp_path
     target, tasks = _tasks("cuda")
     gemm = tasks["fused_matmul_relu"]
     sch = default_schedule(gemm.dispatched[0]["main"], target)
-    assert "__global__" in tuning.build_candidate(sch.mod, target, None).imports[0].inspect_source()
-    _record(tuning._ms().database.JSONDatabase(work_dir=str(tmp_path)), gemm, sch.trace, 1e-5, target)
-    reread = tuning._ms().database.JSONDatabase(work_dir=str(tmp_path))
+    assert "__global__" in measure.build_candidate(sch.mod, target, None).imports[0].inspect_source()
+    _record(measure.meta_schedule().database.JSONDatabase(work_dir=str(tmp_path)), gemm, sch.trace, 1e-5, target)
+    reread = measure.meta_schedule().database.JSONDatabase(work_dir=str(tmp_path))
     replayed = tvm.s_tir.Schedule(gemm.dispatched[0])
     _best(reread, gemm).trace.apply_to_schedule(replayed, remove_postproc=False)
     assert tvm_ffi.structural_equal(replayed.mod, sch.mod)
@@ -131,15 +131,15 @@ def test_records_of_a_tensor_core_default_load_in_a_fresh_process(tmp_path):
     import subprocess
     import sys
 
-    tuning._import_tensor_intrinsics()  # as tuning has before it asks for defaults (dlight's would take ~50 s)
+    intrinsics.import_tensor_intrinsics()  # as tuning has before it asks for defaults (dlight's would take ~50 s)
     half = make_module({"x": ((128, 256), "float16"), "w": ((256, 256), "float16")},
                        lambda bb, x, w: bb.emit(relax.op.matmul(x, w)))
     target, tasks = _tasks("cuda", half)
     (task,) = tasks.values()
     sch = default_schedule(task.dispatched[0]["main"], target)
     assert "sch.tensorize(" in str(sch.trace)
-    _record(tuning._open_database(tmp_path), task, sch.trace, 1e-5, target)
-    code = ("import sys; from pathlib import Path; from tvm_combiners.relax import tuning; "
-            "print(len(tuning._open_database(Path(sys.argv[1])).get_all_tuning_records()))")
+    _record(database.open_database(tmp_path), task, sch.trace, 1e-5, target)
+    code = ("import sys; from pathlib import Path; from tvm_combiners.compile.tuning import database, intrinsics, measure, search, targets; "
+            "print(len(database.open_database(Path(sys.argv[1])).get_all_tuning_records()))")
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.split()[-1] == "1", proc.stderr[-2000:]

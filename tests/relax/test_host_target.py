@@ -7,7 +7,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from tvm_combiners.relax.runner import compile_module, make_target, run_vm
+from tvm_combiners.compile.relax_runner import compile_module, make_target, run_vm
 
 
 def _matmul() -> tvm.IRModule:
@@ -34,7 +34,7 @@ def test_mcpu_can_be_overridden_for_portable_code(monkeypatch):
 
 
 def test_an_unknown_mcpu_is_one_clear_error(monkeypatch):
-    from tvm_combiners.host import HostTargetError
+    from tvm_combiners.compile.host import HostTargetError
 
     monkeypatch.setenv("TVM_COMBINERS_MCPU", "skylake-avx513")
     with pytest.raises(HostTargetError, match=r"^TVM_COMBINERS_MCPU='skylake-avx513' is not a CPU this TVM's LLVM "
@@ -43,7 +43,7 @@ def test_an_unknown_mcpu_is_one_clear_error(monkeypatch):
 
 
 def test_a_cpu_with_extensions_this_machine_lacks_is_refused(monkeypatch):
-    from tvm_combiners.host import HostTargetError, missing_on_host
+    from tvm_combiners.compile.host import HostTargetError, missing_on_host
 
     other = next((cpu for cpu in ("znver3", "sapphirerapids") if missing_on_host(cpu)), None)
     if other is None:
@@ -57,7 +57,7 @@ def test_a_cpu_with_extensions_this_machine_lacks_is_refused(monkeypatch):
 
 
 def test_the_cli_says_it_in_one_line(monkeypatch, capsys):
-    from tvm_combiners.cli import main
+    from tvm_combiners.app.cli import main
 
     monkeypatch.setenv("TVM_COMBINERS_MCPU", "bogus")
     assert main(["run", "--ir", "relax"]) == 2
@@ -67,7 +67,7 @@ def test_the_cli_says_it_in_one_line(monkeypatch, capsys):
 
 def test_extensions_this_machine_does_not_report_are_turned_off():
     """LLVM names the CPU model; a hypervisor may hide some of its extensions: those are left out."""
-    from tvm_combiners.host import host_flags, missing_on_host
+    from tvm_combiners.compile.host import host_flags, missing_on_host
 
     if host_flags() is None:
         pytest.skip("no /proc/cpuinfo")

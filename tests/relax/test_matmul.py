@@ -338,7 +338,7 @@ def test_usable_in_sequential_and_compile_pipeline():
     pipeline = tvm.transform.Sequential([CombineParallelOps(), relax.get_default_pipeline(target)])
     ex = tvm.compile(mod, target=target, relax_pipeline=pipeline)
     inputs = random_inputs(mod)
-    from tvm_combiners.relax.runner import run_vm
+    from tvm_combiners.compile.relax_runner import run_vm
 
     for got, want in zip(run_vm(ex, inputs), run(mod, inputs)):
         np.testing.assert_allclose(got, want, atol=1e-5)

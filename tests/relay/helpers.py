@@ -8,7 +8,7 @@ import numpy as np
 import tvm
 from tvm import relay
 
-from tvm_combiners.relay.runner import build, count_ops, run_graph
+from tvm_combiners.compile.relay_runner import build, count_ops, run_graph
 
 
 def make_module(outputs, params: Sequence[relay.Var]) -> tvm.IRModule:

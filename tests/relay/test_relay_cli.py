@@ -9,7 +9,7 @@ import pytest
 import tvm
 from onnx import TensorProto, helper, numpy_helper
 
-from tvm_combiners.cli import main
+from tvm_combiners.app.cli import main
 
 ERROR = "tvm-combiners: error: "
 

@@ -17,8 +17,8 @@ from tvm.relay.loops import while_loop
 
 import tvm_combiners.collectives.runtime  # noqa: F401 - registers the runtime functions
 from tvm_combiners.collectives import relay as C
-from tvm_combiners.collectives.combiners import relay as CB
-from tvm_combiners.collectives.relay_chains import let_chain
+from tvm_combiners.collectives.relay import combiners as CB
+from tvm_combiners.collectives.relay.chains import let_chain
 
 PROG = Path(__file__).parents[1] / "collectives" / "progs" / "combiners_relay_prog.py"
 _spec = importlib.util.spec_from_file_location("combiners_relay_prog", PROG)

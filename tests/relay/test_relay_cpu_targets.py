@@ -10,8 +10,8 @@ import tvm
 from cpu_matrix import conv2d_reference, cpus, numpy_mismatches, operand, runnable_cpus
 from tvm import relay
 
-from tvm_combiners.host import cpu_features
-from tvm_combiners.relay.runner import build, for_target, int8_dot_products_are_exact, make_target, run_graph
+from tvm_combiners.compile.host import cpu_features
+from tvm_combiners.compile.relay_runner import build, for_target, int8_dot_products_are_exact, make_target, run_graph
 
 
 def _conv2d(d, w, o):

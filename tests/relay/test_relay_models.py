@@ -6,10 +6,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tvm_combiners.cli import main
+from tvm_combiners.app.cli import main
+from tvm_combiners.compile.relay_runner import build, count_ops, relays_own_passes, run_graph, run_vm
 from tvm_combiners.models import default_model_path, example_inputs, import_relay, prepare_onnx, run_onnxruntime
 from tvm_combiners.relay import CombineParallelOps
-from tvm_combiners.relay.runner import build, count_ops, relays_own_passes, run_graph, run_vm
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

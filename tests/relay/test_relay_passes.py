@@ -301,7 +301,7 @@ def _calls(mod, name):
 
 
 def test_dynamic_batch_roots_combine_and_run_in_the_vm():
-    from tvm_combiners.relay.runner import run_vm
+    from tvm_combiners.compile.relay_runner import run_vm
 
     x = relay.var("x", shape=(relay.Any(), 8))
     outs = [relay.nn.relu(relay.nn.dense(x, const((n, 8), n))) for n in (3, 5)]

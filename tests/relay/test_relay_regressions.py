@@ -9,8 +9,8 @@ import tvm
 from helpers import assert_same_outputs, const, make_module, ops, random_inputs, run, unchanged
 from tvm import relay
 
+from tvm_combiners.compile.relay_runner import make_target
 from tvm_combiners.relay import CombineParallelDense, CombineParallelOps, CombineSharedWeightDense
-from tvm_combiners.relay.runner import make_target
 
 
 def test_layer_norm_inputs_over_the_same_operands_in_another_order_stay_apart():

@@ -8,7 +8,7 @@ block. With ``--json`` (before any ``--``) stdout holds exactly one JSON documen
 ``{"ok": false, "error": {...}}``; progress lines always go to stderr.
 
 A subcommand's module is imported only when that subcommand runs (``run`` never imports MPI).
-``launch --example dp-train|pipeline-bert`` runs a packaged example (:mod:`tvm_combiners.examples`)
+``launch --example dp-train|pipeline-bert`` runs a packaged example (:mod:`tvm_combiners.app.examples`)
 on the ranks. Its options are checked here before any rank starts (a bad one is one line, not a
 traceback per rank); with ``--json`` rank 0 writes its report to a file the CLI then prints, and
 whatever mpiexec or the ranks print goes to stderr, so stdout holds one document for the whole
@@ -21,7 +21,6 @@ import argparse
 import contextlib
 import importlib
 import json
-import math
 import os
 import sys
 import traceback
@@ -29,32 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-PROG = "tvm-combiners"
-
-
-class UsageError(ValueError):
-    """A bad command line; the message names the option and the rule. ``prog``: the parser that refused it."""
-
-    def __init__(self, message: str, prog: str = PROG) -> None:
-        super().__init__(message)
-        self.prog = prog
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse whose errors raise :class:`UsageError` instead of printing the usage block and exiting.
-
-    The caller reports the error as one line (and as the JSON document under ``--json``); the
-    examples use it too, so the launching process can check their options before any rank starts.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        # no abbreviations: '--hel' would reach argparse's own help action (stdout, exit), '--js' would
-        # be --json without the JSON error document
-        kwargs.setdefault("allow_abbrev", False)
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message, self.prog)
+from .usage import PROG, Parser, UsageError
 
 
 def _setup_error(args: argparse.Namespace, line: str) -> int:
@@ -97,15 +71,6 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--debug", action="store_true", help="show the traceback of an error")
 
 
-def _finite(value: Any) -> Any:
-    """JSON has no NaN or infinity: such floats become the strings 'nan', 'inf', '-inf'."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
 
 
 def _error(args: argparse.Namespace, line: str, code: int, detail: dict[str, Any],
@@ -123,14 +88,16 @@ MAX_SIZE = 2**31 - 1
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .main_job import MAX_TRIALS, JobError, run_job
+    from ..compile.tuning import MAX_TRIALS
+    from .compare import json_safe
+    from .job import JobError, run_job
 
     for name in ("batch", "seq", "repeat", "tune"):
         value = getattr(args, name)
         if value is not None and value < 1:
             return _setup_error(args, f"--{name} must be a positive integer, got {value}")
         # ONNX and TVM take 32-bit extents (a 20-digit --seq: ValueError); MetaSchedule counts all
-        # trials in 32 bits (--tune 2147483647 on 2 tasks wrapped to 0 trials, reported as tuned)
+        # trials in 32 bits (--tune 2147483647 on 2 tasks would wrap to 0 trials, reported as tuned)
         most = MAX_TRIALS if name == "tune" else MAX_SIZE
         if value is not None and value > most:
             return _setup_error(args, f"--{name} must be at most {most}, got {value}")
@@ -151,12 +118,12 @@ def _run(args: argparse.Namespace) -> int:
         return _error(args, "interrupted", 130, {"file": args.model, "stage": "interrupted", "message": "interrupted",
                                                  "bad_input": False})
     except Exception as err:  # a bug outside every stage: still one line
-        from .models.loader import first_line
+        from ..errors import first_line
 
         line = f"internal error: {type(err).__name__}: {first_line(err)} (a bug in tvm-combiners: rerun with --debug)"
         return _error(args, line, 1, {"file": args.model, "stage": "internal", "message": line, "bad_input": False}, err)
     if args.json:
-        print(json.dumps(_finite(report.to_dict()), indent=2))
+        print(json.dumps(json_safe(report.to_dict()), indent=2))
     else:
         print(report.render())
     return 0
@@ -288,7 +255,7 @@ def _usage_error(err: UsageError, argv: list[str]) -> NoReturn:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if sys.stderr is None:  # started with stderr closed (2>&-): print(file=None) wrote progress into stdout's JSON
+    if sys.stderr is None:  # started with stderr closed (2>&-): print(file=None) would write into stdout's JSON
         sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the rest of the process
     command = argv[0] if argv and argv[0] in COMMANDS else None
     try:
@@ -300,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except UsageError as err:
         _usage_error(err, argv)
-    from .host import mcpu_problem
+    from ..compile.host import mcpu_problem
 
     try:  # before any work, once: a launch's ranks would each fail on it
         problem = mcpu_problem()
@@ -319,8 +286,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # `python -m tvm_combiners.cli` runs this file as __main__: the package's modules raise
-    # tvm_combiners.cli.UsageError, a class of the imported module, which this copy's would not catch
-    from tvm_combiners.cli import main as package_main
-
-    sys.exit(package_main())
+    sys.exit(main())

@@ -22,8 +22,7 @@ class IRAdapter:
     ir_name: str  # the IR's name in messages: "Relax", "Relay"
     expr_type: type  # what counts as an IR expression (relax.Expr, relay.Expr)
     type_of: Callable[[Any], Any]  # an expression's type, inferred if need be
-    check_tensor: Callable[[str, str, Any], tuple[list[Any], str]]  # (kind, what, type) -> (dims, dtype)
-    check_token: Callable[[str, str, Any], None]  # (kind, what, type): raises unless a token type
+    types: S.OperandTypes  # the IR's types as the type rule sees them (also the ops' type inference)
     call: Callable[[S.CollectiveSpec, Sequence[Any]], Any]  # the op call of a spec
     tuple: Callable[[list[Any]], Any]  # an IR tuple of expressions
     token: Callable[[], Any]  # a fresh token
@@ -40,13 +39,13 @@ def make_builders(ad: IRAdapter, module: str) -> tuple[Callable[..., Any], ...]:
             return ad.token()
         if not isinstance(tok, ad.expr_type):
             raise S.CollectiveError(f"{kind}: token must be {S.TOKEN_DESCRIPTION}, got {tok!r}")
-        ad.check_token(kind, "token", ad.type_of(tok))
+        ad.types.token(kind, "token", ad.type_of(tok))
         return tok
 
-    def operand(kind: str, x: Any) -> tuple[list[Any], str]:
+    def operand(kind: str, x: Any) -> tuple[Sequence[Any], str]:
         if not isinstance(x, ad.expr_type):
             raise S.CollectiveError(f"{kind}: x must be a {ad.ir_name} expression holding a tensor, got {x!r}")
-        return ad.check_tensor(kind, "x", ad.type_of(x))
+        return ad.types.tensor(kind, "x", ad.type_of(x))
 
     def allreduce(x: Any, op: str = "sum", group: Any = None, *, world_size: int | None = None) -> Any:
         """Reduce ``x`` elementwise over the ranks of each group; every rank gets the result."""
@@ -89,7 +88,7 @@ def make_builders(ad: IRAdapter, module: str) -> tuple[Callable[..., Any], ...]:
         for i, t in enumerate(tokens):
             if not isinstance(t, ad.expr_type):
                 raise S.CollectiveError(f"after_all: argument {i} must be {S.TOKEN_DESCRIPTION}, got {t!r}")
-            ad.check_token("after_all", f"argument {i}", ad.type_of(t))
+            ad.types.token("after_all", f"argument {i}", ad.type_of(t))
         return ad.call(S.CollectiveSpec("after_all"), [ad.tuple(list(tokens))])
 
     out = (allreduce, allgather, reduce_scatter, send, recv, after_all)

@@ -209,7 +209,7 @@ def run_relax(n: int, rank: int) -> tuple[dict[str, np.ndarray], int]:
     import tvm_ffi
     from tvm import relax
 
-    from ..relax.runner import make_target as make_relax_target
+    from ..compile.relax_runner import make_target as make_relax_target
     from . import relax as C
     from . import runtime  # noqa: F401 - registers the packed functions
     from .runtime import native
@@ -249,7 +249,7 @@ def run_relay(n: int, rank: int) -> tuple[dict[str, np.ndarray], int]:
     from tvm import relay
     from tvm.contrib import graph_executor
 
-    from ..relay.runner import make_target as make_relay_target
+    from ..compile.relay_runner import make_target as make_relay_target
     from . import relay as C
     from . import runtime  # noqa: F401 - registers the packed functions
 

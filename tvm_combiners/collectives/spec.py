@@ -1,9 +1,10 @@
 """The collective ops once, IR-neutral: names, attributes, validation, shape and dtype rules.
 
-The Relax and Relay adapters only translate: they read the operand types of their IR, call the
-``check_*`` and ``infer_*`` functions here, and store a :class:`CollectiveSpec` as the call's
-``DictAttrs`` (:meth:`CollectiveSpec.attrs`); :meth:`CollectiveSpec.from_attrs` reads it back, so
-the combiners of the next stage compare ops by ``spec.key()`` without knowing either IR.
+The Relax and Relay adapters only translate: they show the operand types of their IR as an
+:class:`OperandTypes`, take the result type from :func:`infer_call_type` (the type rule of every
+op) and store a :class:`CollectiveSpec` as the call's ``DictAttrs`` (:meth:`CollectiveSpec.attrs`);
+:meth:`CollectiveSpec.from_attrs` reads it back, so the combiners of the next stage compare ops by
+``spec.key()`` without knowing either IR.
 
 Argument layout (the same in both IRs, so combiners read operands by position):
 
@@ -28,11 +29,13 @@ from __future__ import annotations
 import functools
 import numbers
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-#: Reductions of allreduce and reduce_scatter (runtime encoding, contract.md).
+#: Reductions of allreduce and reduce_scatter, by the names the runtime functions take (contract.md),
+#: in the order that numbers them: the native kernel's ``op_code`` and TVM's ``R.ccl`` ``op_type``
+#: (its ReduceKind) are indices here.
 REDUCTIONS = ("sum", "prod", "min", "max", "avg")
 #: Op kinds, in the order the docs list them.
 KINDS = ("allreduce", "allgather", "reduce_scatter", "send", "recv", "after_all")
@@ -273,10 +276,27 @@ def encode_groups(groups: Groups | None) -> str:
     return "" if groups is None else ";".join(",".join(map(str, g)) for g in groups)
 
 
+class PairError(ValueError):
+    """A source_target_pairs entry of integers that are not two ranks (StableHLO's C1)."""
+
+    def __init__(self, entry: str) -> None:
+        super().__init__(f"source_target_pairs entry {entry!r} is not a source,target pair")
+        self.entry = entry  #: the entry's text, as the string holds it
+
+
+def _decode_ranks(entry: str) -> tuple[int, ...]:
+    return tuple(int(r) for r in entry.split(","))
+
+
 def decode_groups(text: str) -> Groups | None:
+    """``"0,2;1,3"`` -> ((0, 2), (1, 3)); ``""`` -> None (every rank).
+
+    Only parses (ValueError for a rank that is no integer): the compiler checks the groups with
+    :func:`check_groups`, the runtime against the job's ranks.
+    """
     if text == "":
         return None
-    return tuple(tuple(int(r) for r in g.split(",")) for g in text.split(";"))
+    return tuple(_decode_ranks(g) for g in text.split(";"))
 
 
 def encode_pairs(pairs: Pairs) -> str:
@@ -284,12 +304,20 @@ def encode_pairs(pairs: Pairs) -> str:
 
 
 def decode_pairs(text: str) -> Pairs:
+    """``"0,1;1,0"`` -> ((0, 1), (1, 0)); ``""`` -> ().
+
+    Entries are read in order; the first bad one raises ValueError (a rank that is no integer) or
+    :class:`PairError` (not two ranks). Uniqueness (C2, C3) is left to the caller, as in
+    :func:`decode_groups`.
+    """
     if text == "":
         return ()
     out = []
-    for p in text.split(";"):
-        s, t = p.split(",")
-        out.append((int(s), int(t)))
+    for entry in text.split(";"):
+        ranks = _decode_ranks(entry)
+        if len(ranks) != 2:
+            raise PairError(entry)
+        out.append((ranks[0], ranks[1]))
     return tuple(out)
 
 
@@ -495,6 +523,44 @@ def infer_type(spec: CollectiveSpec, shape: Sequence[Any] | None, dtype: str | N
     out = list(shape)
     out[axis] = new
     return tuple(out), dtype
+
+
+@dataclass(frozen=True)
+class OperandTypes:
+    """How one IR shows its operand types to :func:`infer_call_type` (and to the builders).
+
+    ``tensor`` and ``token`` raise :class:`CollectiveError` in the IR's own words for a type that
+    is not what it must be (an unannotated Relay variable, a dynamic extent, an unknown rank), so the
+    rule itself never looks at an IR type.
+    """
+
+    tensor: Callable[[str, str, Any], tuple[Sequence[Any], str]]  # (kind, what, type) -> (dims, dtype)
+    token: Callable[[str, str, Any], None]  # (kind, what, type): raises unless a token type
+    fields: Callable[[Any], Sequence[Any] | None]  # a tuple type's field types; None: no tuple type
+    describe: Callable[[Any], str]  # a type, in messages
+
+
+def infer_call_type(spec: CollectiveSpec, arg_types: Sequence[Any], types: OperandTypes) -> tuple[tuple[Any, ...], str]:
+    """The type rule of every op: check the operand types of a call of ``spec`` (in the argument
+    layout of the module docstring) and return the result's (shape, dtype), see :func:`infer_type`."""
+    kind = spec.kind
+    shape: Sequence[Any] | None = None
+    dtype: str | None = None
+    if kind == "after_all":
+        fields = types.fields(arg_types[0])
+        if fields is None:
+            raise CollectiveError(f"after_all: its argument must be a tuple of tokens, got {types.describe(arg_types[0])}")
+        for i, field in enumerate(fields):
+            types.token(kind, f"argument {i}", field)
+    elif kind == "recv":
+        types.token(kind, "token", arg_types[0])
+    elif kind == "send":
+        _, payload_dtype = types.tensor(kind, "x", arg_types[0])
+        check_dtype(kind, payload_dtype)
+        types.token(kind, "token", arg_types[1])
+    else:
+        shape, dtype = types.tensor(kind, "x", arg_types[0])
+    return infer_type(spec, shape, dtype)
 
 
 def _int_tuple(values: Any) -> tuple[int, ...]:

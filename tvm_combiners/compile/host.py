@@ -197,7 +197,7 @@ def gpu_count() -> int:
 
 def rank_gpu() -> int:
     """The GPU this process runs cuda code on: its local rank modulo the GPUs it sees (one process:
-    GPU 0). With every rank on GPU 0, NCCL refused every group (two ranks on one GPU) and all
-    collectives on cuda tensors went through host memory, on a machine of 8 GPUs too."""
+    GPU 0), so that ranks spread over the GPUs: NCCL refuses a group with two ranks on one GPU, and
+    collectives on cuda tensors then go through host memory."""
     count = gpu_count()
     return local_rank() % count if count else 0

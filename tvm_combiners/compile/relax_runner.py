@@ -10,8 +10,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..host import llvm_options, rank_gpu
-from .cpu_schedules import default_pipeline
+from .host import llvm_options, rank_gpu
+from .pipelines import default_pipeline
 
 
 def make_target(kind: str, cpu: str | None = None) -> tvm.target.Target:
@@ -33,7 +33,7 @@ def make_target(kind: str, cpu: str | None = None) -> tvm.target.Target:
 
 
 def device_for(kind: str) -> tvm.runtime.Device:
-    """The CPU, or this rank's GPU (:func:`~tvm_combiners.host.rank_gpu`)."""
+    """The CPU, or this rank's GPU (:func:`~tvm_combiners.compile.host.rank_gpu`)."""
     return tvm.cpu() if kind == "llvm" else tvm.cuda(rank_gpu())
 
 
@@ -45,7 +45,7 @@ def has_gpu() -> bool:
 
 
 def compile_module(mod: tvm.IRModule, target: str = "llvm", relax_pipeline: Any = None, cpu: str | None = None) -> Any:
-    """``tvm.compile`` with TVM's default pipeline for ``target``, scheduled on llvm too (:mod:`.cpu_schedules`);
+    """``tvm.compile`` with TVM's default pipeline for ``target``, scheduled on llvm too (:mod:`.schedules`);
     ``cpu``: the LLVM CPU to compile for instead of this machine's."""
     tgt = make_target(target, cpu)
     if relax_pipeline is None:

@@ -11,8 +11,8 @@ import tvm
 from tvm import relay
 from tvm.contrib import graph_executor
 
-from ..host import cpu_features, llvm_options, rank_gpu
-from .graph_view import EIGHT_BIT
+from ..relay.graph_view import EIGHT_BIT
+from .host import cpu_features, llvm_options, rank_gpu
 
 #: hhb-tvm's default "llvm" means riscv64: always name the host triple.
 LLVM_TARGET = "llvm -mtriple=x86_64-linux-gnu"

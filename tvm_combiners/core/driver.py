@@ -38,8 +38,8 @@ def gc_paused() -> Iterator[None]:
     """Run a pass without Python's cyclic GC, restoring its state after.
 
     A pass allocates many small objects while the IR holds many more; full collections then
-    rescan the whole heap again and again and turn a linear pass superlinear (measured: 800
-    sibling branches 1.5x slower with GC on). Nothing a pass allocates needs cycle collection.
+    rescan the whole heap again and again and turn a linear pass superlinear (800 sibling
+    branches plan 1.5x slower with GC on). Nothing a pass allocates needs cycle collection.
     """
     was_enabled = gc.isenabled()
     gc.disable()

@@ -248,7 +248,7 @@ class Reachability:
         # transitively closed, so bits alone say who reads a member, in any order). It equals
         # _recompute's result when no member reads another (every group a planner forms); a
         # group that does (a cycle) falls back to the fixed point. Recomputing after every group
-        # made a function with one cycle between groups cubic (800 layers: 26.5 s).
+        # would make a function with one cycle between groups cubic (26.5 s for 800 layers).
         anc = self._ancestors
         union = 0
         for m in merged:
@@ -344,8 +344,8 @@ def plan_without_cycles(graph: Graph, plan: Callable[[Contract | None], list[Pla
     Checking each group against the graph's own reachability is linear, but groups can then form
     a cycle together; contracting reachability after every group (XLA's way) cannot, but is
     quadratic. So: the fast way first, proven acyclic in one pass (:func:`contracted_order`);
-    if it is not, again contracting only after groups that touch the groups on a cycle (one
-    motif among 800 layers no longer re-plans all 800 exactly); the exact way only if a cycle
+    if it is not, again contracting only after groups that touch the groups on a cycle (so one
+    motif among 800 layers does not re-plan all 800 exactly); the exact way only if a cycle
     still remains. ``position`` keys a group in the proof's order (where it would be emitted).
     """
     def leaf(i: int) -> bool:
@@ -380,7 +380,7 @@ class ConstantData:
     Its hash is constant, so a key's dtype and shape decide which constants are compared at all.
     Two are compared by a sample of about 1024 evenly spaced elements first (a weight differs from
     another of its shape there), by a digest of all their bytes only where the samples agree: on
-    MiniLM-L3, hashing every weight of a shared shape cost 56 ms a pass, the samples well under 1 ms.
+    MiniLM-L3, hashing every weight of a shared shape costs 56 ms a pass, the samples well under 1 ms.
     """
 
     __slots__ = ("_load", "_sample", "_digest")

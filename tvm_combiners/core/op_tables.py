@@ -24,5 +24,5 @@ FOLLOWERS = ELEMENTWISE_UNARY | BROADCAST_BINARY
 
 #: Binary followers whose operands may be swapped between branches: bit for bit, NaNs included.
 #: Not ``maximum``/``minimum``: TVM's float maximum(p, q) gives q where p is NaN, so swapping the
-#: operands of one branch moved NaNs (found 2026-11-25).
+#: operands of one branch would move NaNs.
 COMMUTATIVE = frozenset({"add", "multiply"})

@@ -63,7 +63,7 @@ def conv2d_root(
     h, w = kernel_layout.index("H"), kernel_layout.index("W")
     if w < h:
         # WHIO, OIWH: TVM 0.27 lowers these kernels as if H came first (its types say otherwise), so
-        # a 3x1 branch is already wrong, and padding a correct 1x1 sibling into it made that wrong too
+        # a 3x1 branch is already wrong, and padding a correct 1x1 sibling into it would make that wrong too
         return None
     kh, kw = weight[h], weight[w]
     if not isinstance(kh, int) or not isinstance(kw, int) or not isinstance(weight[kernel_layout.index("O")], int):

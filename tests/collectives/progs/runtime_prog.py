@@ -206,7 +206,7 @@ def main() -> None:
             (out_dir / f"rank{me}.json").write_text(json.dumps(errors))
         return
     if mode == "cuda":  # needs a GPU: NCCL (one GPU per rank), or host-staged MPI where ranks share one
-        from tvm_combiners.host import rank_gpu
+        from tvm_combiners.compile.host import rank_gpu
 
         dev = tvm.cuda(rank_gpu())
         got = {}

@@ -25,7 +25,7 @@ from tvm.contrib import graph_executor  # noqa: E402
 
 import tvm_combiners.collectives.runtime  # noqa: E402, F401 - registers the runtime functions
 from tvm_combiners.collectives import relay as C  # noqa: E402
-from tvm_combiners.collectives.combiners import relay as CB  # noqa: E402
+from tvm_combiners.collectives.relay import combiners as CB  # noqa: E402
 
 #: hhb-tvm's bare "llvm" is riscv64. LLVM at -O0 (as on the Relax side): tiny modules build 2-3x
 #: faster with the same IEEE results; Relay's own passes (fusing the combiners' packing) stay at 3.

@@ -31,13 +31,13 @@ from hypothesis.errors import UnsatisfiedAssumption
 from tvm import relay
 from vm_run import VMRunError, run_main
 
+from tvm_combiners.compile.relay_runner import count_ops
 from tvm_combiners.relay import (
     CombineParallelBatchMatmul,
     CombineParallelConv2D,
     CombineParallelDense,
     CombineParallelOps,
 )
-from tvm_combiners.relay.runner import count_ops
 
 PASSES = {
     "matmul": CombineParallelDense,

@@ -46,9 +46,9 @@ from tvm import relay
 
 import tvm_combiners.collectives.runtime  # noqa: F401 - registers the runtime functions
 from tvm_combiners.collectives import relay as C
-from tvm_combiners.collectives.combiners import relay as CB
 from tvm_combiners.collectives.ordering import SendRecvOrderError
-from tvm_combiners.relay.runner import count_ops
+from tvm_combiners.collectives.relay import combiners as CB
+from tvm_combiners.compile.relay_runner import count_ops
 
 
 def make_pass(name: str) -> tvm.transform.Pass:

@@ -20,7 +20,7 @@ import numpy as np
 import tvm
 from tvm import relay
 
-from tvm_combiners.relay.runner import make_target
+from tvm_combiners.compile.relay_runner import make_target
 
 CHILD_TIMEOUT_S = 600
 

@@ -6,10 +6,10 @@ from typing import Any
 
 import numpy as np
 
-from ..main_job import COUNTED_OPS
-from ..models import import_relax
-from . import runner
-from .passes import CombineParallelOps
+from ...compile import relax_runner as runner
+from ...models import import_relax
+from ...relax import CombineParallelOps
+from .base import COUNTED_OPS
 
 
 class RelaxBackend:
@@ -43,16 +43,16 @@ class RelaxBackend:
     def tune_problem(self, target: str, root: str | None) -> str | None:
         if target == "cuda" and not self.has_gpu():
             return "--tune measures candidates on the device: tuning for cuda needs a CUDA GPU here"
-        from . import tuning
+        from ...compile.tuning import targets
 
-        return tuning.dependency_problem() or tuning.folder_problem(root, runner.make_target(target))
+        return targets.dependency_problem() or targets.folder_problem(root, runner.make_target(target))
 
     def tune(self, mod: Any, target: str, trials: int, root: str | None, say: Any, tasks: str) -> tuple[Any, Any]:
-        from . import tuning
+        from ...compile.tuning import search
 
-        return tuning.tune(mod, runner.make_target(target), trials, root, say, tasks)
+        return search.tune(mod, runner.make_target(target), trials, root, say, tasks)
 
     def compile_tuned(self, mod: Any, target: str, database: Any) -> Any:
-        from . import tuning
+        from ...compile.tuning import search
 
-        return tuning.compile_tuned(mod, runner.make_target(target), database)
+        return search.compile_tuned(mod, runner.make_target(target), database)

@@ -6,10 +6,10 @@ from typing import Any
 
 import numpy as np
 
-from ..main_job import COUNTED_OPS
-from ..models import import_relay
-from . import runner
-from .passes import CombineParallelOps
+from ...compile import relay_runner as runner
+from ...models import import_relay
+from ...relay import CombineParallelOps
+from .base import COUNTED_OPS
 
 
 class RelayBackend:

@@ -7,7 +7,7 @@
   send/recv (merged by ``SendRecvCombiner``), checked against onnxruntime.
 
 Each is also a program of its own: ``tvm-combiners launch -n 4 -- python -m
-tvm_combiners.examples.dp_train --help``. Importing this package imports neither TVM nor MPI, nor
+tvm_combiners.app.examples.dp_train --help``. Importing this package imports neither TVM nor MPI, nor
 does :func:`check_options`: the launching process checks an example's options before any rank starts.
 """
 
@@ -17,12 +17,12 @@ import argparse
 import importlib
 import math
 
-from ..cli import UsageError
+from ..usage import UsageError
 
 #: ``--example`` name -> the module its ranks run.
 EXAMPLES: dict[str, str] = {
-    "dp-train": "tvm_combiners.examples.dp_train",
-    "pipeline-bert": "tvm_combiners.examples.pipeline_bert",
+    "dp-train": "tvm_combiners.app.examples.dp_train",
+    "pipeline-bert": "tvm_combiners.app.examples.pipeline_bert",
 }
 
 
@@ -40,7 +40,7 @@ def check_options(name: str, argv: list[str], ranks: int) -> str | None:
     """Check example ``name``'s options ``argv`` for a job of ``ranks`` ranks with the example's own parser.
 
     Returns the example's help text where ``argv`` asks for it (-h/--help), else None; a bad option
-    raises :class:`~tvm_combiners.cli.UsageError` naming the option and the rule.
+    raises :class:`~tvm_combiners.app.usage.UsageError` naming the option and the rule.
     """
     module = importlib.import_module(EXAMPLES[name])
     parser = module.parser(prog=f"tvm-combiners launch -n {ranks} --example {name} --")

@@ -1,6 +1,6 @@
 """Pipeline-parallel BERT: MiniLM-L3 cut into stages, one per rank, joined by send/recv.
 
-    tvm-combiners launch -n 3 -- python -m tvm_combiners.examples.pipeline_bert [--json]
+    tvm-combiners launch -n 3 -- python -m tvm_combiners.app.examples.pipeline_bert [--json]
 
 The imported Relax function is cut between layers (at the LayerNorm that ends a layer): each stage
 becomes a function whose parameters are exactly what crosses its cut (the hidden state, the
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..host import llvm_options
+from ...compile.host import llvm_options
 
 TAG = "pipeline-bert"
 TOL = 1e-4
@@ -77,7 +77,7 @@ def layer_count(norms: int) -> int:
 def model_limits() -> tuple[int, int | None]:
     """(encoder layers, positions) of the default model, read from its ONNX graph without importing it
     (half a second: the launching process checks the options with them before any rank starts)."""
-    from ..models.loader import default_model_path, load_onnx, position_limit
+    from ...models.loader import default_model_path, load_onnx, position_limit
 
     model = load_onnx(default_model_path())
     limit = position_limit(model)
@@ -227,8 +227,8 @@ def build_pipeline(mod: Any, num_stages: int, micro_batches: int) -> tuple[Any, 
     """
     from tvm import relax
 
-    from ..collectives import relax as C
-    from ..collectives.spec import MAX_CHANNEL_ID
+    from ...collectives import relax as C
+    from ...collectives.spec import MAX_CHANNEL_ID
 
     func = mod["main"]
     stages = plan_stages(func, num_stages)
@@ -279,7 +279,7 @@ def count_p2p(mod: Any) -> dict[str, list[int]]:
     """Payload bytes of every send and recv in ``mod``'s ``main``, by kind."""
     from tvm import relax
 
-    from ..collectives import relax as C
+    from ...collectives import relax as C
 
     found: dict[str, list[int]] = {"send": [], "recv": []}
 
@@ -294,39 +294,17 @@ def count_p2p(mod: Any) -> dict[str, list[int]]:
     return found
 
 
-def send_recv_combiner() -> Any:
-    """``SendRecvCombiner`` where the package exports it; None while it does not exist yet."""
-    import importlib
-
-    for module in ("tvm_combiners.collectives.relax", "tvm_combiners.collectives.combiners.relax_passes"):
-        try:
-            found = getattr(importlib.import_module(module), "SendRecvCombiner", None)
-        except ImportError:
-            found = None
-        if found is not None:
-            return found
-    return None
-
-
 def run(cfg: Config) -> dict[str, Any]:
     """The whole job (every rank calls it); rank 0 returns the report, the others an empty dict."""
     import tvm
     from tvm import relax
 
-    from ..collectives import relax as C
-    from ..collectives.runtime import rank as get_rank
-    from ..collectives.runtime import world_size
-    from ..models import default_model_path, example_inputs, import_relax, prepare_onnx, run_onnxruntime
-    from .report import (
-        comm,
-        compile_shared,
-        interleaved_times,
-        max_abs,
-        oversubscription,
-        progress,
-        times_in_turn,
-        worst,
-    )
+    from ...collectives import relax as C
+    from ...collectives.runtime import rank as get_rank
+    from ...collectives.runtime import world_size
+    from ...models import default_model_path, example_inputs, import_relax, prepare_onnx, run_onnxruntime
+    from ..compare import largest, max_abs
+    from .report import comm, compile_shared, interleaved_times, oversubscription, progress, times_in_turn
 
     rank, world = get_rank(), world_size()
     path = default_model_path()
@@ -335,10 +313,8 @@ def run(cfg: Config) -> dict[str, Any]:
     imported, _ = import_relax(model)
     base, stages = build_pipeline(imported, world, cfg.micro_batches)
     variants = {"uncombined": (base, [])}
-    combiner = send_recv_combiner()
-    if combiner is not None:
-        notes: list[str] = []
-        variants["combined"] = (combiner(on_combine=lambda c: notes.append(c.describe()))(base), notes)
+    notes: list[str] = []
+    variants["combined"] = (C.SendRecvCombiner(on_combine=lambda c: notes.append(c.describe()))(base), notes)
     target = tvm.target.Target({"kind": "llvm", "opt-level": cfg.opt_level, **llvm_options()})
     builders = {name: (lambda m=m: tvm.compile(m, target=target, relax_pipeline=C.pipeline(target)))
                 for name, (m, _) in variants.items()}
@@ -382,16 +358,16 @@ def run(cfg: Config) -> dict[str, Any]:
                     "receives": describe_values(imported["main"], s.inputs) if s.index else [f"{n} (input)" for n in names],
                     "sends": describe_values(imported["main"], s.outputs),
                     "stage_ms": 1e3 * gathered[s.index]["stage_s"]} for s in stages],
-        "combiner": "SendRecvCombiner" if combiner is not None else "not combined yet (SendRecvCombiner not exported)",
+        "combiner": "SendRecvCombiner",
         "oversubscribed": oversubscription(world),
         "variants": {},
     }
     for name, (mod, notes) in variants.items():
         p2p = count_p2p(mod)
-        diffs = {out: worst(max_abs(last[name][m][k], reference[m][k]) for m in range(cfg.micro_batches))
+        diffs = {out: largest(max_abs(last[name][m][k], reference[m][k]) for m in range(cfg.micro_batches))
                  for k, out in enumerate(output_names)}
-        largest = worst(diffs.values())
-        vs_uncombined = worst(max_abs(a, b) for mb_a, mb_b in zip(last[name], last["uncombined"]) for a, b in zip(mb_a, mb_b))
+        largest = largest(diffs.values())
+        vs_uncombined = largest(max_abs(a, b) for mb_a, mb_b in zip(last[name], last["uncombined"]) for a, b in zip(mb_a, mb_b))
         report["variants"][name] = {
             "sends": len(p2p["send"]), "recvs": len(p2p["recv"]),
             "send_bytes": sorted(set(p2p["send"])),
@@ -421,8 +397,8 @@ def _layers_of(func: Any, st: Stage) -> list[int]:
 
 
 def render(report: dict[str, Any]) -> str:
+    from ..compare import largest
     from ..text_table import table
-    from .report import worst
 
     cfg = report["config"]
     lines = [f"pipeline-bert: {report['model']} on {report['ranks']} ranks, {cfg['micro_batches']} micro-batches "
@@ -437,7 +413,7 @@ def render(report: dict[str, Any]) -> str:
     for name, v in report["variants"].items():
         rows.append([name, v["sends"], v["recvs"], ",".join(map(str, v["send_bytes"])),
                      f"{v['compile_s']:.1f}" if v["compile_s"] is not None else "-", f"{v['pipeline_ms']:.1f}",
-                     f"{worst(v['max_abs_diff_vs_onnxruntime'].values()):.2e}", f"{v['max_abs_diff_vs_uncombined']:.1e}"])
+                     f"{largest(v['max_abs_diff_vs_onnxruntime'].values()):.2e}", f"{v['max_abs_diff_vs_uncombined']:.1e}"])
     lines.append(table(rows, ["program", "sends", "recvs", "bytes per send", "compile s", "pipeline ms",
                               "max |diff| vs ORT", "vs uncombined"]))
     o = report["overlap"]
@@ -452,9 +428,9 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def parser(prog: str = "python -m tvm_combiners.examples.pipeline_bert") -> Any:
+def parser(prog: str = "python -m tvm_combiners.app.examples.pipeline_bert") -> Any:
     """The example's options (``tvm-combiners launch --example pipeline-bert`` checks them with it too)."""
-    from ..cli import Parser
+    from ..usage import Parser
     from .report import add_output_options
 
     p = Parser(prog=prog, description=__doc__.splitlines()[0])
@@ -473,15 +449,15 @@ def parser(prog: str = "python -m tvm_combiners.examples.pipeline_bert") -> Any:
 def config(args: argparse.Namespace, ranks: int) -> Config:
     """The run's Config from parsed options for ``ranks`` stages, checked against the model's layers
     and positions; a bad option (or a missing model) raises UsageError."""
-    from ..cli import UsageError
+    from ..usage import UsageError
     from . import require_finite, require_positive
 
     require_positive(args, "seq", "micro_batch", "repeat")
     require_finite(args, "atol", 0.0, strict=False)
     if args.micro_batches < 2:
         raise UsageError(f"--micro-batches must be at least 2 (so stages overlap), got {args.micro_batches}")
-    if args.micro_batches > MAX_MICRO_BATCHES:  # every transfer takes a channel of its own (a review: 4097 on
-        # 3 ranks ran out of channel ids after each rank had compiled for a minute)
+    if args.micro_batches > MAX_MICRO_BATCHES:  # every transfer takes a channel of its own: too many
+        # would run out of channel ids only after each rank had compiled for a minute
         raise UsageError(f"--micro-batches must be at most {MAX_MICRO_BATCHES}, got {args.micro_batches}")
     try:
         layers, positions = model_limits()

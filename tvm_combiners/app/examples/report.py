@@ -9,23 +9,23 @@ sees, and every rank loads all of them: the job compiles each variant once, not 
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..host import usable_cores
+from ...compile.host import usable_cores
+from ..compare import json_safe
 
 
 def comm() -> Any:
-    from ..collectives.runtime.comm import mpi
+    from ...collectives.runtime.comm import mpi
 
     return mpi().COMM_WORLD
 
@@ -95,8 +95,8 @@ def oversubscription(ranks: int) -> str | None:
 def times_in_turn(call: Callable[[], Any], repeat: int) -> float:
     """Median seconds of this rank's ``call``, the ranks taking turns while the others sleep.
 
-    Timed on every rank at once, N ranks on fewer cores would time their contention (measured: a
-    pipeline stage 231 ms among 3 ranks on 2 cores, 125 ms alone); the waiting ranks sleep in
+    Timed on every rank at once, N ranks on fewer cores would time their contention (a pipeline
+    stage takes 231 ms among 3 ranks on 2 cores, 125 ms alone); the waiting ranks sleep in
     :func:`quiet_barrier`, where a blocking barrier would spin a core. One untimed call first.
     """
     c = comm()
@@ -113,33 +113,12 @@ def times_in_turn(call: Callable[[], Any], repeat: int) -> float:
     return float(np.median(times))
 
 
-def max_abs(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.max(np.abs(a.astype("float64") - b.astype("float64")))) if a.size else 0.0
 
 
-def worst(values: Iterable[float]) -> float:
-    """The largest difference, NaN if any is: Python's ``max`` drops a NaN that follows a number, so a
-    check over steps or micro-batches saw only the first one's NaN."""
-    return float(np.max(np.asarray(list(values), dtype="float64")))
 
 
-def rel_diff(a: np.ndarray, b: np.ndarray) -> float:
-    """max |a - b| / max |b|: relative to the tensor's scale (elementwise ratios blow up near 0)."""
-    scale = float(np.max(np.abs(b))) if b.size else 0.0
-    diff = max_abs(a, b)
-    return diff / scale if scale > 0 else diff
 
 
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    if isinstance(value, np.generic):
-        return _finite(value.item())
-    return value
 
 
 def finish(report: dict[str, Any], render: Callable[[dict[str, Any]], str], as_json: bool,
@@ -155,9 +134,9 @@ def finish(report: dict[str, Any], render: Callable[[dict[str, Any]], str], as_j
     if c.Get_rank() == 0:
         if json_out:
             with open(json_out, "w") as f:
-                json.dump(_finite(report), f, indent=2)
+                json.dump(json_safe(report), f, indent=2)
         elif as_json:
-            print(json.dumps(_finite(report), indent=2), flush=True)
+            print(json.dumps(json_safe(report), indent=2), flush=True)
         else:
             print(render(report), flush=True)
         if not ok:
@@ -170,8 +149,8 @@ def example_main(parser: Any, config: Callable[[Any, int], Any], run: Callable[[
                  render: Callable[[dict[str, Any]], str], argv: list[str] | None) -> int:
     """An example's ``main`` on every rank: options checked (a bad one is one line, from rank 0, and
     exit 2 on every rank), the job run, rank 0 reporting (see :func:`finish`)."""
-    from ..cli import UsageError
-    from ..collectives.runtime import world_size
+    from ...collectives.runtime import world_size
+    from ..usage import UsageError
 
     try:
         args = parser.parse_args(argv)
@@ -188,7 +167,7 @@ def example_main(parser: Any, config: Callable[[Any, int], Any], run: Callable[[
 
 def _unwritable(path: str) -> str | None:
     """Why rank 0 could not write the report to ``path`` (None when it could): checked before the
-    job runs, which otherwise ended in a traceback after all its work, the report lost."""
+    job runs, which would otherwise end in a traceback after all its work, the report lost."""
     target = Path(path)
     if target.is_dir() or path.endswith(("/", os.sep)):
         return "is a folder"

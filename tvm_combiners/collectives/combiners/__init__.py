@@ -1,22 +1,11 @@
-"""Collective combiners: many small allreduces, allgathers, reduce_scatters and sends become few large ones.
+"""The IR-neutral half of the collective combiners: keys, options, planning and the pass factories.
 
-``combiners.relax`` and ``combiners.relay`` hold the public passes of each IR (imported lazily:
-each IR's TVM lives in its own environment); :mod:`.keys` and :mod:`.planning` are IR-neutral.
+The passes themselves live with each IR's ops, in :mod:`tvm_combiners.collectives.relax` and
+:mod:`tvm_combiners.collectives.relay` (each IR's TVM lives in its own environment).
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from .options import CombineReport
 
-__all__ = ["CombineReport", "relax", "relay"]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "relax":
-        return importlib.import_module(".relax_passes", __name__)
-    if name == "relay":
-        return importlib.import_module(".relay_passes", __name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["CombineReport"]

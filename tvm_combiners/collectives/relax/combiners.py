@@ -26,7 +26,6 @@ because packing copies every byte twice.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Hashable
 from typing import Any
 
@@ -35,11 +34,8 @@ from tvm import ir, relax
 
 from ...core.graph import Graph
 from .. import spec as S
-from ..dependences import order_around_barriers
-from ..ordering import OrderNode, SendRecvOrderError, plan_send_recv_order
-from . import tir_kernels
-from .factories import pass_factories
-from .keys import (
+from ..combiners.factories import pass_factories
+from ..combiners.keys import (
     ChannelBook,
     PackPlan,
     ccl_key,
@@ -48,22 +44,15 @@ from .keys import (
     plan_pack,
     transfer_key,
 )
-from .options import CombinerOptions
-from .planning import plan_region
+from ..combiners.options import CombinerOptions
+from ..combiners.planning import plan_region
+from ..dependences import order_around_barriers
+from ..ordering import OrderNode, SendRecvOrderError, plan_send_recv_order
+from . import ops as C
+from . import tir_kernels
 
 _CCL = ("relax.ccl.allreduce", "relax.ccl.allgather")
 
-
-
-class _LazyOps:
-    """``tvm_combiners.collectives.relax``, imported on first use: that module re-exports these passes,
-    so importing it here at load time would be circular."""
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(importlib.import_module("..relax", __package__), name)
-
-
-CR = _LazyOps()
 
 
 def _static(ty: Any) -> tuple[tuple[int, ...], str] | None:
@@ -97,7 +86,7 @@ def _classify(binding: Any, opts: CombinerOptions) -> _Op | None:
     call = binding.value
     if not isinstance(call.op, ir.Op):
         return None
-    spec = CR.info(call)
+    spec = C.info(call)
     if spec is not None:
         if spec.kind == "recv":
             assert spec.shape is not None and spec.dtype is not None
@@ -146,11 +135,11 @@ class _FunctionCombiner:
         for unit, is_block in units:
             op = None if is_block else _classify(unit, self.opts)
             ops.append(op if op is not None and _enabled(op, self.opts) else None)
-            ours = op is not None or (not is_block and (CR.info(unit.value) is not None or _is_ccl(unit.value)))
+            ours = op is not None or (not is_block and (C.info(unit.value) is not None or _is_ccl(unit.value)))
             impure = not is_block and not dataflow and relax.analysis.contains_impure_call(unit.value)
             known.append(ours)
             barriers.append(impure and not ours)  # an effect we do not understand: nothing crosses it
-        deps = CR.dependences(units)
+        deps = C.dependences(units)
         order_around_barriers(deps, barriers, before=known, after=[True] * len(units))
         for op, d in zip(ops, deps):
             shape, dtype = (op.shape, op.dtype) if op is not None else (None, None)
@@ -193,7 +182,7 @@ class _FunctionCombiner:
         this pass may combine as (send, recv, key), in program order, and each channel's transfers
         in the order MPI matches them. None: transfers that do not match, or a recv before its send
         (OrderSendRecv's to fix or report): change nothing."""
-        specs = [CR.info(unit.value) if not is_block else None for unit, is_block in units]
+        specs = [C.info(unit.value) if not is_block else None for unit, is_block in units]
         if not any(spec is not None and spec.kind in S.P2P_KINDS for spec in specs):
             return [], []
         nodes = []
@@ -274,11 +263,11 @@ class _FunctionCombiner:
             if not isinstance(tok, tvm.ir.expr.Constant) and not any(tok.same_as(t) for t in tokens):
                 tokens.append(tok)
         if not tokens:
-            return [], CR.token()
+            return [], C.token()
         if len(tokens) == 1:
             return [], tokens[0]
         joined = relax.Var("combined_token", relax.TensorType([], S.TOKEN_DTYPE))
-        return [relax.VarBinding(joined, self.bb.normalize(CR.after_all(*tokens)))], joined
+        return [relax.VarBinding(joined, self.bb.normalize(C.after_all(*tokens)))], joined
 
     def _send(self, bindings: list[Any], ops: list[Any], channel: int) -> list[relax.Binding]:
         plan = plan_pack("send_recv", [(op.shape, op.dtype, 0) for op in ops])
@@ -322,7 +311,7 @@ def _channels_by_function(mod: tvm.IRModule) -> list[list[int]]:
             used: list[int] = []
 
             def visit(e: Any, used: list[int] = used) -> None:
-                spec = CR.info(e)
+                spec = C.info(e)
                 if spec is not None and spec.kind in S.P2P_KINDS:
                     used.append(spec.channel_id)
 
@@ -334,7 +323,7 @@ def _channels_by_function(mod: tvm.IRModule) -> list[list[int]]:
 def _rebuild(units: list[tuple[Any, bool]], dataflow: bool) -> list[relax.BindingBlock]:
     if dataflow:
         return [relax.DataflowBlock([b for b, _ in units])]
-    return CR.blocks_of(units)
+    return C.blocks_of(units)
 
 
 def _combine_module(mod: tvm.IRModule, opts: CombinerOptions) -> tvm.IRModule:
@@ -342,7 +331,7 @@ def _combine_module(mod: tvm.IRModule, opts: CombinerOptions) -> tvm.IRModule:
         return mod
     original = mod
     if "send_recv" in opts.families:
-        mod = CR.OrderSendRecv()(mod)  # sends before their recvs: the matches below rely on it
+        mod = C.OrderSendRecv()(mod)  # sends before their recvs: the matches below rely on it
     bb = relax.BlockBuilder(mod)
     channels = ChannelBook(lambda mod=mod: _channels_by_function(mod))
     kernels: dict[tuple[Any, PackPlan], tvm.ir.GlobalVar] = {}

@@ -1,8 +1,8 @@
 """Collective ops in Relax (apache-tvm 0.27): builders, registration, type inference, lowering.
 
 Ops ``relax.collectives.<kind>`` print as ``R.collectives.allreduce(x, groups="", op="sum")``;
-their attributes are ``ir.DictAttrs`` (see :mod:`.spec` for the layout), so calls compare and hash
-structurally and :func:`info` reads them back as a :class:`~.spec.CollectiveSpec`.
+their attributes are ``ir.DictAttrs`` (see :mod:`..spec` for the layout), so calls compare and hash
+structurally and :func:`info` reads them back as a :class:`~..spec.CollectiveSpec`.
 
 Side effects: allreduce, allgather, reduce_scatter, send and recv are registered impure
 (``FPurity`` False): they live outside dataflow blocks, in functions marked ``pure=False``, and
@@ -27,13 +27,13 @@ import tvm
 from tvm import ir, relax, tirx
 from tvm.relax.utils import convert_to_expr
 
-from ..core.driver import gc_paused
-from ..relax.cpu_schedules import default_pipeline
-from ..relax.graph_view import op_name
-from . import spec as S
-from .builders import IRAdapter, make_builders
-from .dependences import UnitAccess, unit_dependences
-from .ordering import OrderNode, OrderPlan, SendRecvOrderError, is_deadlock_free, payload, plan_send_recv_order
+from ...compile.pipelines import default_pipeline
+from ...core.driver import gc_paused
+from ...relax.graph_view import op_name
+from .. import spec as S
+from ..builders import IRAdapter, make_builders
+from ..dependences import UnitAccess, unit_dependences
+from ..ordering import OrderNode, OrderPlan, SendRecvOrderError, is_deadlock_free, payload, plan_send_recv_order
 
 __all__ = [
     "allreduce",
@@ -46,11 +46,6 @@ __all__ = [
     "info",
     "is_collective",
     "OrderSendRecv",
-    "AllReduceCombiner",
-    "AllGatherCombiner",
-    "ReduceScatterCombiner",
-    "SendRecvCombiner",
-    "CombineCollectives",
     "pipeline",
 ]
 
@@ -107,6 +102,13 @@ def _check_token(kind: str, what: str, ty: Any) -> None:
     S.check_token(kind, what, dims, dtype)
 
 
+def _fields(ty: Any) -> list[Any] | None:
+    return list(ty.fields) if isinstance(ty, relax.TupleType) else None
+
+
+_TYPES = S.OperandTypes(_check_tensor, _check_token, _fields, _describe)
+
+
 # --------------------------------------------------------------------------- registration
 
 
@@ -114,21 +116,7 @@ def _infer(call: relax.Call, _bb: relax.BlockBuilder) -> relax.TensorType:
     kind = S.kind_of_op_name(call.op.name)
     assert kind is not None
     spec = S.CollectiveSpec.from_attrs(kind, call.attrs)
-    if kind == "after_all":
-        fields = _type_of(call.args[0])
-        if not isinstance(fields, relax.TupleType):
-            raise S.CollectiveError(f"after_all: its argument must be a tuple of tokens, got {_describe(fields)}")
-        for i, f in enumerate(fields.fields):
-            _check_token(kind, f"argument {i}", f)
-    elif kind == "recv":
-        _check_token(kind, "token", _type_of(call.args[0]))
-    elif kind == "send":
-        _, dtype = _check_tensor(kind, "x", _type_of(call.args[0]))
-        S.check_dtype(kind, dtype)
-        _check_token(kind, "token", _type_of(call.args[1]))
-    shape, dtype = (None, None) if kind in ("send", "recv", "after_all") else _check_tensor(kind, "x", _type_of(call.args[0]))
-    out_shape, out_dtype = S.infer_type(spec, shape, dtype)
-    return _out_type(out_shape, out_dtype)
+    return _out_type(*S.infer_call_type(spec, [_type_of(arg) for arg in call.args], _TYPES))
 
 
 def _legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
@@ -173,7 +161,7 @@ def _native_allreduce(spec: S.CollectiveSpec, dtype: str, shape: relax.ShapeExpr
     target = tvm.target.Target.current(allow_none=True)
     if spec.kind != "allreduce" or spec.groups is not None or target is None or target.kind.name != "llvm":
         return None
-    from .runtime import native
+    from ..runtime import native
 
     codes = native.codes(spec.op, dtype)
     if codes is None or not native.prepare():  # built now so that VMs created in this process call it
@@ -220,17 +208,18 @@ def token() -> relax.Expr:
 
 
 allreduce, allgather, reduce_scatter, send, recv, after_all = make_builders(
-    IRAdapter("Relax", relax.Expr, _type_of, _check_tensor, _check_token, _call, relax.Tuple, token), __name__
+    IRAdapter("Relax", relax.Expr, _type_of, _TYPES, _call, relax.Tuple, token), __name__
 )
 
 
 # --------------------------------------------------------------------------- read back
 
 
+#: op name -> kind; :func:`info` reads names through ``op_name``, which caches them per op (a
+#: name read through the FFI costs more than the rest of :func:`info`, called on every expression)
 _KIND_OF_OP = {S.relax_op_name(kind): kind for kind in S.KINDS}
-#: op handle -> (op, its name): ops are registered once and live as long as the process, and
-#: reading a name through the FFI costs more than the rest of :func:`info`, which passes call on
-#: every expression of a module
+
+
 def info(expr: Any) -> S.CollectiveSpec | None:
     """The spec of a collective call (kind, reduction, axis, groups, pairs, ...), None otherwise."""
     if not isinstance(expr, relax.Call):
@@ -360,7 +349,7 @@ def _order_nodes(units: list[tuple[Any, bool]], where: str) -> list[OrderNode] |
             elif spec is None and relax.analysis.contains_impure_call(unit.value):
                 if not isinstance(unit.value, relax.Call) and _nested_p2p(unit.value):
                     inside = ("a local function (a closure)" if isinstance(unit.value, relax.Function)
-                              else "an if/else branch")  # a closure was called a branch (review)
+                              else "an if/else branch")
                     raise SendRecvOrderError(
                         f"OrderSendRecv: {where} has a send or recv inside {inside}; sends and recvs must "
                         "be top-level bindings of the function (move that code into its own global function or "
@@ -447,7 +436,7 @@ def OrderSendRecv() -> tvm.transform.Pass:  # noqa: N802 - a pass factory, named
 
     Sends and recvs of one channel match in program order. Units move as little as possible
     (a stable topological order); dataflow blocks move as a whole. Raises
-    :class:`~.ordering.SendRecvOrderError` for a cycle (a send needing its own recv), unmatched
+    :class:`~..ordering.SendRecvOrderError` for a cycle (a send needing its own recv), unmatched
     counts, or a send and its recv that disagree on pairs or payload type.
     """
 
@@ -495,7 +484,7 @@ def _check_module_order(mod: tvm.IRModule) -> None:
 def pipeline(target: Any, before: Sequence[tvm.transform.Pass] = ()) -> tvm.transform.Pass:
     """``before`` (e.g. combiners), ``OrderSendRecv``, then the default pipeline for ``target``.
 
-    The default pipeline is TVM's, with default schedules on llvm (:mod:`tvm_combiners.relax.cpu_schedules`).
+    The default pipeline is TVM's, with default schedules on llvm (:mod:`tvm_combiners.compile.schedules`).
 
     The compile path for modules with sends and recvs:
     ``tvm.compile(mod, target, relax_pipeline=pipeline(target))``.
@@ -504,11 +493,3 @@ def pipeline(target: Any, before: Sequence[tvm.transform.Pass] = ()) -> tvm.tran
     passes = [*before, OrderSendRecv(), default_pipeline(target)]
     return tvm.transform.Sequential(passes, name="collectives_pipeline")
 
-
-from .combiners.relax_passes import (  # noqa: E402 - after the ops: the passes build them
-    AllGatherCombiner,
-    AllReduceCombiner,
-    CombineCollectives,
-    ReduceScatterCombiner,
-    SendRecvCombiner,
-)

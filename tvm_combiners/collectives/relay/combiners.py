@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -31,11 +30,8 @@ from tvm import relay
 from ...core.graph import Graph, ir_dtype_bits
 from ...relay.shallow_mutator import ShallowExprMutator
 from .. import spec as S
-from ..dependences import order_around_barriers
-from ..ordering import SendRecvOrderError, index_order, plan_send_recv_order
-from ..relay_chains import LetChain, let_chain, reorderable
-from .factories import pass_factories
-from .keys import (
+from ..combiners.factories import pass_factories
+from ..combiners.keys import (
     ChannelBook,
     PackPlan,
     collective_key,
@@ -43,24 +39,15 @@ from .keys import (
     plan_pack,
     transfer_key,
 )
-from .options import CombinerOptions
-from .planning import plan_region
+from ..combiners.options import CombinerOptions
+from ..combiners.planning import plan_region
+from ..dependences import order_around_barriers
+from ..ordering import SendRecvOrderError, index_order, plan_send_recv_order
+from . import ops as C
+from .chains import LetChain, let_chain, reorderable
 
 _DTYPE_BITS = ir_dtype_bits(tvm.DataType)
 
-
-
-class _LazyOps:
-    """``tvm_combiners.collectives.relay``, imported on first use: that module re-exports these passes,
-    so importing it here at load time would be circular."""
-
-    def __getattr__(self, name: str) -> Any:
-        value = getattr(importlib.import_module("..relay", __package__), name)
-        setattr(self, name, value)  # found by plain lookup from now on: ~50 us saved per use
-        return value
-
-
-CRL = _LazyOps()
 
 
 def _static(ty: Any) -> tuple[tuple[int, ...], str] | None:
@@ -85,7 +72,7 @@ class _Op:
 
 
 def _classify(expr: Any, opts: CombinerOptions) -> _Op | None:
-    spec = CRL.info(expr)
+    spec = C.info(expr)
     if spec is None or spec.kind == "after_all":
         return None
     if spec.kind == "recv":
@@ -152,8 +139,8 @@ def _token_of(calls: list[relay.Expr]) -> relay.Expr:
         if not isinstance(tok, relay.Constant) and not any(tok.same_as(t) for t in tokens):
             tokens.append(tok)
     if not tokens:
-        return CRL.token()
-    return tokens[0] if len(tokens) == 1 else CRL.after_all(*tokens)
+        return C.token()
+    return tokens[0] if len(tokens) == 1 else C.after_all(*tokens)
 
 
 _Group = tuple[str, list[_Op], "int | None"]  # role ("collective", "send", "recv"), members, channel
@@ -171,15 +158,15 @@ def _combined(group: _Group, opts: CombinerOptions,
             opts.report("send_recv", len(ops), plan.total_bytes, first.key)
             tok = _token_of([visit(op.call.args[1]) for op in ops])
             packed = _pack(plan, [visit(op.call.args[0]) for op in ops])
-            return CRL._call(dataclasses.replace(first.spec, channel_id=channel), [packed, tok]), lambda t: [t] * len(ops)
+            return C._call(dataclasses.replace(first.spec, channel_id=channel), [packed, tok]), lambda t: [t] * len(ops)
         tok = _token_of([visit(op.call.args[0]) for op in ops])
         spec = dataclasses.replace(first.spec, channel_id=channel, shape=(plan.in_len,), dtype=plan.flat_dtype)
-        return CRL._call(spec, [tok]), functools.partial(_unpack, plan)
+        return C._call(spec, [tok]), functools.partial(_unpack, plan)
     axis = first.spec.axis
     plan = plan_pack(first.family, [(op.shape, op.dtype, op.spec.axis or 0) for op in ops], first.spec.group_size or 1)
     opts.report(first.family, len(ops), plan.total_bytes, first.key)
     packed = _pack(plan, [visit(op.call.args[0]) for op in ops])
-    return CRL._call(dataclasses.replace(first.spec, axis=None if axis is None else 0), [packed]), functools.partial(_unpack, plan)
+    return C._call(dataclasses.replace(first.spec, axis=None if axis is None else 0), [packed]), functools.partial(_unpack, plan)
 
 
 class _Rewrite(ShallowExprMutator):
@@ -247,14 +234,14 @@ def _combine_function(func: relay.Function, opts: CombinerOptions, channels: Cha
     region (their matches would be unknown). Outside a reorderable let chain, a group whose combined
     op would read a let variable where one of its members cannot see it is not built.
     """
-    reg = CRL.region(func.body)
+    reg = C.region(func.body)
     if reg is None:
         return func
     exprs = reg.exprs
     deps = [set(d) for d in reg.deps]
     # an if, closure or loop holding collectives is a barrier (as an if is in Relax): no collective
     # moves across it, so every rank keeps calling them in the same sequence
-    specs = [CRL.info(e) for e in exprs]
+    specs = [C.info(e) for e in exprs]
     ours = [spec is not None for spec in specs]
     order_around_barriers(deps, [i in reg.nested for i in range(len(exprs))], before=ours, after=ours)
     # A call to a global function that sends or receives is one for the transfers on channels that
@@ -272,7 +259,7 @@ def _combine_function(func: relay.Function, opts: CombinerOptions, channels: Cha
     if any(op is not None and op.family in ("send", "recv") for op in classified):
         if reg.nested_p2p is not None:
             return func
-        plan = plan_send_recv_order(CRL.order_nodes(reg), "combiner")
+        plan = plan_send_recv_order(C.order_nodes(reg), "combiner")
         matches, channel_pairs = plan.matches, plan.channels
         for s, r in matches:  # a recv waits for its send, whatever families combine
             deps[r].add(s)
@@ -303,7 +290,7 @@ def _combine_function(func: relay.Function, opts: CombinerOptions, channels: Cha
     if not region.changed:
         return func
     chain = let_chain(func.body)
-    if reorderable(chain, func.body, reg, CRL.moving(reg, specs)):
+    if reorderable(chain, func.body, reg, C.moving(reg, specs)):
         units = _units(region.groups, region.transfers, ops, channels)
         body = _reschedule(reg, order, region.order, units, chain, opts)
     else:  # graph form, or let form the chain cannot carry: each group where its first member sits
@@ -320,7 +307,7 @@ def _combine_function(func: relay.Function, opts: CombinerOptions, channels: Cha
     # The function's type is unchanged: keep it, so a caller type-checked before this function's
     # body is inferred again still knows what it returns (InferType cannot infer it from the call).
     new = relay.Function(func.params, body, func.checked_type.ret_type, func.type_params, func.attrs, func.span)
-    if reg.let_vars and not CRL.well_scoped(new):
+    if reg.let_vars and not C.well_scoped(new):
         # a group built inside another's combined op (a recv group in a send group's payload) can read
         # a let variable bound after where that op sits: the scope check above sees members only
         return func
@@ -335,11 +322,11 @@ def _combine_module(mod: tvm.IRModule, opts: CombinerOptions) -> tvm.IRModule:
     # send a recv of its own channel as an ancestor, moving it behind a later send (two allreduces
     # combined: each recv got the other's payload). OrderSendRecv's tokens fix each channel's order.
     # ordering adds tokens only: the channels and calls of each function stay as this walk finds them
-    walk = CRL.transfers_by_function(mod)
+    walk = C.transfers_by_function(mod)
     mod = relay.transform.InferType()(mod)
     try:
-        names = CRL.p2p_functions(walk)
-        ordered = CRL.order_typed_module(mod, names) if names else None
+        names = C.p2p_functions(walk)
+        ordered = C.order_typed_module(mod, names) if names else None
     except SendRecvOrderError:
         if "send_recv" in opts.families:
             raise
@@ -347,7 +334,7 @@ def _combine_module(mod: tvm.IRModule, opts: CombinerOptions) -> tvm.IRModule:
     if ordered is not None:
         mod = relay.transform.InferType()(ordered)
     channels = ChannelBook(lambda: (t.channels for t in walk.values()))
-    holders = functools.cache(lambda: CRL.functions_with_transfers(walk))  # read where a function calls one
+    holders = functools.cache(lambda: C.functions_with_transfers(walk))  # read where a function calls one
     updates = {}
     # by name: every rank numbers the new channels alike (a Map's order follows object addresses,
     # and ranks that numbered 8 functions differently received each other's payloads)

@@ -1,7 +1,7 @@
 """Collective ops in Relay (TVM builds with Relay, e.g. hhb-tvm 3.2.3): builders, registration, lowering.
 
-Ops ``collectives.<kind>`` with ``DictAttrs`` (layout in :mod:`.spec`): they print, compare and hash
-structurally, and :func:`info` reads them back as a :class:`~.spec.CollectiveSpec`.
+Ops ``collectives.<kind>`` with ``DictAttrs`` (layout in :mod:`..spec`): they print, compare and hash
+structurally, and :func:`info` reads them back as a :class:`~..spec.CollectiveSpec`.
 
 Side effects: every op is ``OPAQUE`` (never fused) and the ones with effects are registered
 stateful, which keeps EliminateCommonSubexpr and FoldConstant away from them. Relay has no program
@@ -30,12 +30,12 @@ from tvm import relay, te, topi
 from tvm.relay.op import op as _op
 from tvm.relay.op.strategy.generic import wrap_topi_schedule
 
-from ..core.driver import gc_paused
-from ..relay.shallow_mutator import ShallowExprMutator
-from . import spec as S
-from .builders import IRAdapter, make_builders
-from .ordering import OrderNode, SendRecvOrderError, index_order, payload, plan_send_recv_order
-from .relay_chains import let_chain, reorderable
+from ...core.driver import gc_paused
+from ...relay.shallow_mutator import ShallowExprMutator
+from .. import spec as S
+from ..builders import IRAdapter, make_builders
+from ..ordering import OrderNode, SendRecvOrderError, index_order, payload, plan_send_recv_order
+from .chains import let_chain, reorderable
 
 __all__ = [
     "allreduce",
@@ -48,11 +48,6 @@ __all__ = [
     "info",
     "is_collective",
     "OrderSendRecv",
-    "AllReduceCombiner",
-    "AllGatherCombiner",
-    "ReduceScatterCombiner",
-    "SendRecvCombiner",
-    "CombineCollectives",
 ]
 
 _INPUTS = {
@@ -111,23 +106,17 @@ def _check_token(kind: str, what: str, ty: Any) -> None:
     S.check_token(kind, what, dims, dtype)
 
 
+def _fields(ty: Any) -> list[Any] | None:
+    return list(ty.fields) if isinstance(ty, relay.TupleType) else None
+
+
+_TYPES = S.OperandTypes(_check_tensor, _check_token, _fields, str)
+
+
 def _rel(kind: str):
     def rel(arg_types: Sequence[Any], attrs: Any) -> Any:
         spec = S.CollectiveSpec.from_attrs(kind, attrs)
-        if kind == "after_all":
-            tup = arg_types[0]
-            if not isinstance(tup, relay.TupleType):
-                raise S.CollectiveError(f"after_all: its argument must be a tuple of tokens, got {tup}")
-            for i, f in enumerate(tup.fields):
-                _check_token(kind, f"argument {i}", f)
-        elif kind == "recv":
-            _check_token(kind, "token", arg_types[0])
-        elif kind == "send":
-            _, dtype = _check_tensor(kind, "x", arg_types[0])
-            S.check_dtype(kind, dtype)
-            _check_token(kind, "token", arg_types[1])
-        shape, dtype = (None, None) if kind in ("send", "recv", "after_all") else _check_tensor(kind, "x", arg_types[0])
-        out_shape, out_dtype = S.infer_type(spec, shape, dtype)
+        out_shape, out_dtype = S.infer_call_type(spec, arg_types, _TYPES)
         return relay.TensorType(list(out_shape), out_dtype)
 
     return rel
@@ -202,7 +191,7 @@ def token() -> relay.Expr:
 
 
 allreduce, allgather, reduce_scatter, send, recv, after_all = make_builders(
-    IRAdapter("Relay", relay.Expr, _type_of, _check_tensor, _check_token, _call, relay.Tuple, token), __name__
+    IRAdapter("Relay", relay.Expr, _type_of, _TYPES, _call, relay.Tuple, token), __name__
 )
 
 
@@ -512,7 +501,7 @@ def _order_function(name: str, func: relay.Function) -> relay.Function:
         return func
     plan = plan_send_recv_order(nodes, where)
     # Tokens read the sends' let variables where the chain stays reorderable for the combiners
-    # (:mod:`.relay_chains`). A variable can still end up read before its binding (a send moved to a
+    # (:mod:`.chains`). A variable can still end up read before its binding (a send moved to a
     # recv bound ahead of it carries the tokens it got itself): then the sends' calls, as elsewhere.
     # Graph form has no let variables: nothing to read through, nothing to read out of scope.
     chain = let_chain(func.body)
@@ -597,7 +586,7 @@ def OrderSendRecv() -> tvm.transform.Pass:  # noqa: N802 - a pass factory, named
     """Give every recv its matched send's token (and chain each channel's sends), so no rank waits forever.
 
     Sends and recvs of one channel match in the executors' order (post-order). Raises
-    :class:`~.ordering.SendRecvOrderError` for a cycle, unmatched counts, mismatched pairs or
+    :class:`~..ordering.SendRecvOrderError` for a cycle, unmatched counts, mismatched pairs or
     payload types, two recvs of one channel that nothing orders, or a send or recv inside an if
     branch, a closure or a loop (Relay runs those conditionally or repeatedly: no static match).
     """
@@ -610,11 +599,3 @@ def OrderSendRecv() -> tvm.transform.Pass:  # noqa: N802 - a pass factory, named
 
     return tvm.transform.module_pass(transform, opt_level=0, name="OrderSendRecv")
 
-
-from .combiners.relay_passes import (  # noqa: E402 - after the ops: the passes build them
-    AllGatherCombiner,
-    AllReduceCombiner,
-    CombineCollectives,
-    ReduceScatterCombiner,
-    SendRecvCombiner,
-)

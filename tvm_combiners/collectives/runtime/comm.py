@@ -1,4 +1,5 @@
-"""MPI world, replica groups and source-target pairs: parsed once per string, checked at run time.
+"""MPI world, replica groups and source-target pairs: parsed once per string (by :mod:`..spec`,
+which wrote them), checked at run time against the job's ranks.
 
 MPI starts on first use (``from mpi4py import MPI`` initializes it), so importing the runtime costs
 nothing and a program run without ``mpiexec`` is simply a world of one rank.  Sub-communicators are
@@ -11,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
+
+from ..spec import Groups, PairError, Pairs, decode_groups, decode_pairs
 
 _mpi: Any = None
 
@@ -35,19 +38,17 @@ def world_size() -> int:
     return mpi().COMM_WORLD.Get_size()
 
 
-def _ints(text: str, op: str, attr: str, whole: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise ValueError(f"{op}: malformed {attr} {whole!r}: expected integers separated by ','") from None
+def _malformed(op: str, attr: str, text: str) -> ValueError:
+    return ValueError(f"{op}: malformed {attr} {text!r}: expected integers separated by ','")
 
 
 @cache
-def parse_groups(groups: str, op: str) -> tuple[tuple[int, ...], ...]:
+def parse_groups(groups: str, op: str) -> Groups:
     """``"0,2;1,3"`` -> ((0, 2), (1, 3)); ``""`` -> () meaning one group of all ranks."""
-    if groups == "":
-        return ()
-    parsed = tuple(_ints(part, op, "groups", groups) for part in groups.split(";"))
+    try:
+        parsed = decode_groups(groups) or ()
+    except ValueError:
+        raise _malformed(op, "groups", groups) from None
     seen: set[int] = set()
     for group in parsed:
         for r in group:
@@ -60,22 +61,20 @@ def parse_groups(groups: str, op: str) -> tuple[tuple[int, ...], ...]:
 
 
 @cache
-def parse_pairs(pairs: str, op: str) -> tuple[tuple[int, int], ...]:
+def parse_pairs(pairs: str, op: str) -> Pairs:
     """``"0,1;1,0"`` -> ((0, 1), (1, 0)), checked against StableHLO's C1-C3 (C4 needs the world size)."""
-    if pairs == "":
-        return ()
-    parsed = []
-    for part in pairs.split(";"):
-        pair = _ints(part, op, "source_target_pairs", pairs)
-        if len(pair) != 2:
-            raise ValueError(f"{op}: source_target_pairs {pairs!r} has {part!r}: every pair needs 2 ranks (C1)")
-        parsed.append((pair[0], pair[1]))
+    try:
+        parsed = decode_pairs(pairs)
+    except PairError as e:
+        raise ValueError(f"{op}: source_target_pairs {pairs!r} has {e.entry!r}: every pair needs 2 ranks (C1)") from None
+    except ValueError:
+        raise _malformed(op, "source_target_pairs", pairs) from None
     for index, name, rule in ((0, "source", "C2"), (1, "target", "C3")):
         ends = [p[index] for p in parsed]
         for r in ends:
             if ends.count(r) > 1:
                 raise ValueError(f"{op}: source_target_pairs {pairs!r} uses {name} {r} twice: {name}s must be unique ({rule})")
-    return tuple(parsed)
+    return parsed
 
 
 def check_ranks(ranks: tuple[int, ...], size: int, op: str, attr: str, text: str) -> None:
@@ -166,10 +165,10 @@ def tag(channel_id: int) -> int:
 
     A program's own messages on ``COMM_WORLD`` use small tags (mpi4py's default is 0), and MPI
     matches a recv by source and tag: with tag = channel id, a program's ``Send`` of tag 0 before a
-    transfer on channel 0 swapped the two payloads, silently (until 2026-11-25). A private
-    duplicate of the world would need a collective ``Dup`` on every rank, which ranks that compile
-    different modules, or never transfer, would not all reach: a hang. Here the tags meet only
-    where a program uses tags this high (MPICH: above 536,838,144) or receives with ``ANY_TAG``.
+    transfer on channel 0 would swap the two payloads, silently. A private duplicate of the world
+    would need a collective ``Dup`` on every rank, which ranks that compile different modules, or
+    never transfer, would not all reach: a hang. Here the tags meet only where a program uses tags
+    this high (MPICH: above 536,838,144) or receives with ``ANY_TAG``.
     """
     if not _tag_ub:  # MPI.TAG_UB is the attribute's key; its value is the largest tag
         MPI = mpi()

@@ -17,10 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import functions, tensors
+from ..spec import REDUCTIONS
+from . import functions, host_collectives, tensors
 from .comm import Group, group
-
-KINDS = ("sum", "prod", "min", "max", "avg")  # the order of R.ccl's op_type codes
 
 
 def _gpu() -> Any:
@@ -49,13 +48,15 @@ def allreduce(x: Any, kind: Any, *rest: Any) -> None:
     name = "runtime.disco.allreduce"
     out = _out(name, rest)
     code = int(kind[0])
-    if not 0 <= code < len(KINDS):
-        raise ValueError(f"{name}: unknown reduction code {code}: expected 0-4 ({', '.join(KINDS)})")
-    grp = _checked(name, f"allreduce {KINDS[code]}", x)
+    if not 0 <= code < len(REDUCTIONS):  # R.ccl's op_type is an index into REDUCTIONS
+        raise ValueError(f"{name}: unknown reduction code {code}: expected 0-{len(REDUCTIONS) - 1} "
+                         f"({', '.join(REDUCTIONS)})")
+    reduction = REDUCTIONS[code]
+    grp = _checked(name, f"allreduce {reduction}", x)
     if tensors.is_host(x):
-        functions.allreduce_np(name, grp, tensors.host_view(x), KINDS[code], tensors.host_view(out))
+        host_collectives.allreduce_np(name, grp, tensors.host_view(x), reduction, tensors.host_view(out))
     else:
-        _gpu().allreduce(name, "", grp, x, KINDS[code], out)
+        _gpu().allreduce(name, "", grp, x, reduction, out)
 
 
 def allgather(x: Any, *rest: Any) -> None:
@@ -63,7 +64,7 @@ def allgather(x: Any, *rest: Any) -> None:
     out = _out(name, rest)
     grp = _checked(name, "allgather axis 0", x)
     if tensors.is_host(x):
-        functions.allgather_np(name, grp, tensors.host_view(x), 0, tensors.host_view(out))
+        host_collectives.allgather_np(name, grp, tensors.host_view(x), 0, tensors.host_view(out))
     else:
         _gpu().allgather(name, "", grp, x, 0, out)
 
@@ -73,7 +74,7 @@ def broadcast_from_worker0(x: Any, *rest: Any) -> None:
     out = _out(name, rest)
     grp = _checked(name, "broadcast_from_worker0", x)
     if tensors.is_host(x):
-        functions.broadcast_np(name, grp, tensors.host_view(x), tensors.host_view(out))
+        host_collectives.broadcast_np(name, grp, tensors.host_view(x), tensors.host_view(out))
     else:
         _gpu().broadcast(name, "", grp, x, out)
 
@@ -83,11 +84,11 @@ def scatter_from_worker0(x: Any, *rest: Any) -> None:
     out = _out(name, rest)
     grp = _checked(name, "scatter_from_worker0", x)
     if tensors.is_host(x):
-        functions.scatter_np(name, grp, tensors.host_view(x), tensors.host_view(out))
+        host_collectives.scatter_np(name, grp, tensors.host_view(x), tensors.host_view(out))
     else:
         staged = tensors.host_view(out) if tensors.is_host(out) else None
         host_out = staged if staged is not None else out.numpy()
-        functions.scatter_np(name, grp, tensors.host_copy(x), host_out)
+        host_collectives.scatter_np(name, grp, tensors.host_copy(x), host_out)
         if staged is None:
             out.copyfrom(host_out)
 

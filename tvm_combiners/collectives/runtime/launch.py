@@ -3,10 +3,11 @@
 ``python`` programs run under mpi4py's entry point (``rank_main.py``, which is ``python -m mpi4py``
 plus a marker at the program's end): an uncaught exception on one rank then calls MPI_Abort and ends
 the whole job (plain ``python prog.py`` would leave the other ranks waiting in their collectives),
-and a rank that mpiexec stopped before its program ended is named even when the job exits 0.  A hung rank is handled by the timeout: mpiexec gets SIGTERM (it tears down
-its ranks), then every process of the job still alive gets SIGKILL.  Each rank's stderr goes to its
-own file (mpiexec's ``-errfile-pattern``) and is copied live to our stderr prefixed ``[rank R]``; at
-the end every rank that raised is named with its error.  stdout passes through, copied as it comes.
+and a rank that mpiexec stopped before its program ended is named even when the job exits 0.  A hung
+rank is handled by the timeout: mpiexec gets SIGTERM (it tears down its ranks), then every process of
+the job still alive gets SIGKILL.  Each rank's stderr goes to its own file (mpiexec's
+``-errfile-pattern``) and is copied live to our stderr prefixed ``[rank R]``; at the end every rank
+that raised is named with its error.  stdout passes through, copied as it comes.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ...host import on_start_cores, usable_cores
+from ...compile.host import on_start_cores, usable_cores
 from .rank_main import ABORT_PREFIX, LOST_ERROR_PREFIX, MARKER_DIR
 
 DEFAULT_TIMEOUT = 300.0
@@ -75,7 +76,7 @@ def rank_error(text: str, recorded: str | None = None, records_errors: bool = Fa
 
     ``records_errors``: the rank ran under ``rank_main``, which records every uncaught exception and
     the runtime's aborts, so a traceback or abort line it did not record was handled, or printed by
-    a rank the others' failure stopped: not its error (a review: such a rank was named as failed)."""
+    a rank the others' failure stopped: not its error."""
     lines = text.splitlines()
     said = None
     for line in lines:  # the runtime's line counts only where TVM then failed with a bare "TVMError:"
@@ -102,7 +103,8 @@ def rank_error(text: str, recorded: str | None = None, records_errors: bool = Fa
 class _Tail(threading.Thread):
     """Copies every rank's stderr file to ours line by line, prefixed with the rank, in blocks of
     :data:`BLOCK` bytes; of each rank's text it keeps the first :data:`HEAD` and last :data:`TAIL`
-    bytes for :func:`rank_error` (read and kept whole, a rank's output held about three times its size)."""
+    bytes for :func:`rank_error` (read and kept whole, a rank's output would take about three times its
+    size in memory)."""
 
     BLOCK = 1 << 20
     HEAD = 64 << 10
@@ -382,14 +384,14 @@ def rank_environment(n: int, environ: dict[str, str] | None = None) -> dict[str,
     """The ranks' environment: TVM's thread pool sized to this machine's share of each rank, unpinned.
 
     Every rank would otherwise start one worker per core, so n ranks oversubscribe the machine n
-    times over (measured: Relay's per-kernel parallel launches 9x slower). A user's own
+    times over (Relay's per-kernel parallel launches run 9x slower). A user's own
     ``TVM_NUM_THREADS`` is kept.
     """
     env = dict(os.environ if environ is None else environ)
     env.setdefault("TVM_NUM_THREADS", str(max(1, usable_cores() // n)))
     env.setdefault("PYTHONFAULTHANDLER", "1")  # a crashing rank says so ("Fatal Python error: ...")
     # TVM's pool pins the thread that starts it to the pool's first cores, the same ones on every
-    # rank: 2 ranks of 1 thread each both ran on core 0 of 2 (os.sched_getaffinity: {0} on each)
+    # rank, so 2 ranks of 1 thread each would both run on core 0 of 2
     env.setdefault("TVM_BIND_THREADS", "0")
     return env
 
@@ -434,7 +436,7 @@ def launch(n: int, argv: list[str], timeout: float | None = None) -> int:
         try:
             with _terminate_as_interrupt():
                 env = {**rank_environment(n), MARKER_DIR: folder}
-                with on_start_cores():  # ranks forked from a thread TVM's pool pinned ran all on its core
+                with on_start_cores():  # ranks forked from a thread TVM's pool pinned would all run on its core
                     proc = subprocess.Popen(cmd, start_new_session=True, env=env, stdout=subprocess.PIPE)
                 stdout = _Stdout(proc.stdout)
                 stdout.start()

@@ -22,13 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from ..spec import checking_collectives
+from ..spec import REDUCTIONS, checking_collectives
 from . import tensors
 from .comm import mpi
 
 NAME = "tvm_combiners.native.allreduce"
 #: Reductions and dtypes by position: the IR's ``op_code`` and ``dtype_code``.
-OPS = ("sum", "prod", "min", "max", "avg")
+OPS = REDUCTIONS
 DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float32", "float64")
 _MPI_TYPES = ("INT8_T", "INT16_T", "INT32_T", "INT64_T", "UINT8_T", "UINT16_T", "UINT32_T", "UINT64_T",
               "FLOAT", "DOUBLE")
@@ -107,7 +107,7 @@ def _build(MPI: Any) -> Any:
                 for i in range(count):
                     out64[i] = out64[i] / T.float64(size)
 
-    from ...relax.runner import make_target
+    from ...compile.relax_runner import make_target
 
     target = make_target("llvm")  # this CPU, as every llvm module: the avg loop vectorizes for it
     with tvm.transform.PassContext(opt_level=3), target:

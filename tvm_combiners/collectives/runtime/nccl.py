@@ -26,7 +26,7 @@ import numpy as np
 
 from . import tensors
 from .comm import Group
-from .functions import (
+from .host_collectives import (
     allgather_np,
     allreduce_np,
     broadcast_np,

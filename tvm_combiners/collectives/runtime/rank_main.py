@@ -12,8 +12,7 @@ Each rank also writes its pid to ``pid.<rank>`` (mpiexec names a rank it saw kil
 and what it waits for after its program ended to ``waiting.<rank>`` (the runtime's sends at exit).
 The reason a rank fails (its uncaught exception, or the runtime's reason to abort) is also written to
 ``error.<rank>`` there: MPI_Abort tears the job down while mpiexec may still hold the rank's last
-stderr lines, and under load those lines were lost (CI, 2026-11-26: the launcher said "no rank
-reported an error" for a send nobody received).
+stderr lines, and under load those lines can be lost.
 
 Run by path, not ``-m``, so that the rank imports nothing of tvm_combiners (its package import
 loads TVM, seconds per rank) and any interpreter with mpi4py can run it; kept to the standard

@@ -1,0 +1,38 @@
+"""Loop helpers every CPU schedule rule uses: static extents, what an index reads, vector widths."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tvm import s_tir, tirx
+from tvm.target import Target
+from tvm.target.codegen import target_has_features
+
+
+def loop_extent(sch: s_tir.Schedule, loop: Any) -> int | None:
+    extent = sch.get(loop).extent
+    return int(extent.value) if isinstance(extent, tirx.IntImm) else None
+
+
+def reads_var(expr: Any, var: tirx.Var) -> bool:
+    return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
+
+
+def vector_lanes(target: Target, dtype_bits: int, width: int) -> int | None:
+    """Lanes of the widest vector of the target's CPU that divides ``width`` elements: its widest
+    registers (LLVM's own answer says 512 bits for any x86), else a half or a quarter of them, down
+    to 128 bits (8 floats on AVX-512 are one AVX2 register). None where none divides."""
+    bits = next((b for feature, b in (("avx512f", 512), ("avx", 256)) if target_has_features(feature, target)), 128)
+    widths = [lanes for lanes in (bits // dtype_bits, bits // dtype_bits // 2, bits // dtype_bits // 4)
+              if lanes >= 1 and lanes * dtype_bits >= 128]
+    return next((lanes for lanes in widths or [1] if width % lanes == 0), None)
+
+
+def vectorize_inner(sch: s_tir.Schedule, block: Any, lanes: int) -> None:
+    inner = sch.get_loops(block)[-1]
+    extent = loop_extent(sch, inner)
+    if extent is None or extent % lanes:
+        return
+    if extent > lanes:
+        inner = sch.split(inner, [None, lanes])[1]
+    sch.vectorize(inner)
