@@ -47,7 +47,7 @@ def job_stage(path: str, stage: str, what: str, bad_input: bool) -> Iterator[Non
         raise JobError(path, stage, err.problem, bad_input=True) from err
     except UserError as err:
         raise JobError(path, stage, str(err), bad_input=True) from err
-    except MemoryError as err:  # sizes the user asked for (a review's --batch 100000 --seq 1000000: 11.6 TiB)
+    except MemoryError as err:  # sizes the user asked for (--batch 100000 --seq 1000000 would need 11.6 TiB)
         raise JobError(path, stage, f"{what}: out of memory ({first_line(err)})", bad_input=True) from err
     except Exception as err:
         problem = first_line(err)

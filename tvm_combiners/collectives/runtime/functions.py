@@ -36,10 +36,10 @@ from .rank_main import ABORT_PREFIX, record_error, record_waiting
 # A send copies its payload and posts an Isend: it never waits for the receiver, so no order of sends
 # and recvs in the program can deadlock on a send.  Finished sends are dropped on every later call;
 # whatever is left is completed at exit (bounded, so a recv that never comes fails the job loudly).
-# MPI completes a small Isend (1 KiB did, 8 KiB did not) with no receiver, so only a larger one nobody
+# MPI completes a small Isend with no receiver (1 KiB, not 8 KiB), so only a larger one nobody
 # receives fails the job.  Not Issend: MPICH delivers its acknowledgements only while the receiver
-# keeps calling MPI, so a sender 300 small messages ahead of a receiver that then stopped kept ~235
-# pending for good, and a job whose every message arrived failed at exit (2026-11-25).
+# keeps calling MPI, so a sender far ahead of a receiver that then stopped would keep sends pending
+# for good, and a job whose every message arrived would fail at exit.
 #: ``TVM_COMBINERS_CHECK_COLLECTIVES=1``: every collective first checks that its whole group calls the
 #: same one, and every recv that its send sent the shape and dtype it expects.
 _CHECK = checking_collectives()
