@@ -218,7 +218,7 @@ def test_a_nan_after_the_first_step_fails_the_check():
     """Python's max drops a NaN that follows a number (max([1e-7, nan]) == 1e-7): a program whose
     gradients, parameters and loss went NaN from step 2 on passed every check (review finding);
     pipeline_bert's check over micro-batches takes its worst difference the same way."""
-    from tvm_combiners.app.examples.report import worst
+    from tvm_combiners.app.compare import largest as worst
 
     assert np.isnan(worst([1e-7, float("nan"), 0.0])) and worst(x for x in (1.0, 3.0)) == 3.0
     cfg = D.Config(layers=1, hidden=16, heads=2, ffn=32, seq=4, steps=3)
