@@ -6,7 +6,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
-from .keys import DEFAULT_THRESHOLD_BYTES, DEFAULT_THRESHOLD_COUNT, PASS_KINDS
+from .keys import DEFAULT_THRESHOLD_BYTES, DEFAULT_THRESHOLD_COUNT, PASS_KINDS, pass_kind_of_key
 
 #: ``max_op_bytes="auto"``: the largest op worth packing. Packing copies every byte twice (pack,
 #: unpack) to save one collective's latency (~5 us on CPU MPI, ~10 us on NCCL): on CPU that pays
@@ -70,6 +70,11 @@ class CombinerOptions:
     @property
     def enabled(self) -> bool:
         return self.threshold_bytes > 0 and self.threshold_count >= 2  # a group needs two ops
+
+    def combines(self, family: str, key: Hashable) -> bool:
+        """Whether this pass combines an op of ``family`` and ``key`` (sends and recvs: send_recv)."""
+        kind = "send_recv" if family in ("send", "recv") else pass_kind_of_key(key)
+        return kind in self.families
 
     def report(self, kind: str, num_ops: int, nbytes: int, key: Hashable) -> None:
         if self.on_combine is not None:

@@ -3,9 +3,9 @@
 Collectives group through the core's :func:`~tvm_combiners.core.combine_by_key.combine_by_key`
 (skip-ahead, exact thresholds, proven acyclic). Sends and recvs group as *transfers*: a transfer is
 a matched (send, recv) pair, and a group of transfers becomes one send and one recv, so the send
-group and the recv group must mirror each other. The adapters add the edge send -> recv for every
-match to the graph (a recv waits for its send), so keeping the contracted graph acyclic keeps the
-combined send before the combined recv: no cycle and no deadlock. Transfers group through the same
+group and the recv group must mirror each other. The driver (:mod:`.driver`) adds the edge
+send -> recv for every match to the graph (a recv waits for its send), so keeping the contracted
+graph acyclic keeps the combined send before the combined recv: no cycle and no deadlock. Transfers group through the same
 core walk as collectives, each a member of two stages, send then recv
 (:func:`~tvm_combiners.core.combine_by_key.group_by_key`): first against the graph's own
 reachability, the whole plan then proven acyclic in one pass; only where it is not, again with

@@ -1,4 +1,4 @@
-"""Relax adapter of the collective combiners: IR -> neutral graph -> groups -> IR.
+"""Relax adapter of the collective combiners: IR -> the driver's units (:mod:`..combiners.driver`) -> plan -> IR.
 
 Two levels per function:
 
@@ -32,22 +32,13 @@ from typing import Any
 import tvm
 from tvm import ir, relax
 
-from ...core.graph import Graph
 from .. import spec as S
+from ..combiners.driver import Unit, plan_combining
 from ..combiners.factories import pass_factories
-from ..combiners.keys import (
-    ChannelBook,
-    PackPlan,
-    ccl_key,
-    collective_key,
-    pass_kind_of_key,
-    plan_pack,
-    transfer_key,
-)
+from ..combiners.keys import ChannelBook, PackPlan, ccl_key, collective_key, plan_pack, transfer_key
 from ..combiners.options import CombinerOptions
-from ..combiners.planning import plan_region
-from ..dependences import order_around_barriers
-from ..ordering import OrderNode, SendRecvOrderError, plan_send_recv_order
+from ..combiners.planning import RegionPlan
+from ..ordering import OrderNode
 from . import ops as C
 from . import tir_kernels
 
@@ -111,11 +102,6 @@ def _classify(binding: Any, opts: CombinerOptions) -> _Op | None:
     return None
 
 
-def _enabled(op: _Op, opts: CombinerOptions) -> bool:
-    family = "send_recv" if op.family in ("send", "recv") else pass_kind_of_key(op.key)
-    return family in opts.families
-
-
 class _FunctionCombiner:
     def __init__(self, bb: relax.BlockBuilder, opts: CombinerOptions, channels: ChannelBook,
                  kernels: dict[tuple[Any, PackPlan], tvm.ir.GlobalVar]) -> None:
@@ -123,36 +109,37 @@ class _FunctionCombiner:
         self.opts = opts
         self.channels = channels
         self.kernels = kernels  # (builder, plan) -> its PrimFunc in the module (shared, deduplicated)
-        self.cap = opts.op_cap()
 
     # ------------------------------------------------------------------ regions
     def combine_units(self, units: list[tuple[Any, bool]], dataflow: bool) -> tuple[list[tuple[Any, bool]], bool]:
         """Re-emit one region; ``units``: (binding, False) or (dataflow block, True)."""
-        graph = Graph()
+        ops, neutral = self._neutral_units(units, dataflow)
+        plan = plan_combining(neutral, self.opts, self.channels)
+        if plan is None:
+            return units, False
+        return self._emit(units, ops, plan, dataflow), True
+
+    def _neutral_units(self, units: list[tuple[Any, bool]], dataflow: bool) -> tuple[list[_Op | None], list[Unit]]:
+        """Each unit's op, and the units as the driver reads them."""
         ops: list[_Op | None] = []
-        barriers: list[bool] = []
-        known: list[bool] = []
-        for unit, is_block in units:
+        out: list[Unit] = []
+        for (unit, is_block), deps in zip(units, C.dependences(units)):
             op = None if is_block else _classify(unit, self.opts)
-            ops.append(op if op is not None and _enabled(op, self.opts) else None)
-            ours = op is not None or (not is_block and (C.info(unit.value) is not None or _is_ccl(unit.value)))
+            spec = None if is_block else C.info(unit.value)
+            ours = op is not None or (not is_block and (spec is not None or _is_ccl(unit.value)))
             impure = not is_block and not dataflow and relax.analysis.contains_impure_call(unit.value)
-            known.append(ours)
-            barriers.append(impure and not ours)  # an effect we do not understand: nothing crosses it
-        deps = C.dependences(units)
-        order_around_barriers(deps, barriers, before=known, after=[True] * len(units))
-        for op, d in zip(ops, deps):
-            shape, dtype = (op.shape, op.dtype) if op is not None else (None, None)
-            graph.add(op="unit", operands=(), deps=tuple(sorted(d)), shape=shape, dtype=dtype)
-        matched = self._match(graph, units, ops) if not dataflow else ([], [])
-        if matched is None:
-            return units, False
-        transfers, channels = matched
-        keys = [op.key if op is not None and op.family not in ("send", "recv") else None for op in ops]
-        plan = plan_region(graph, keys, transfers, self.opts.threshold_bytes, self.opts.threshold_count, self.cap,
-                           channels)
-        if not plan.changed:
-            return units, False
+            # a dataflow block runs in no fixed order (OrderSendRecv refuses transfers there): none is matched
+            p2p = not dataflow and spec is not None and spec.kind in S.P2P_KINDS
+            transfer = OrderNode(spec.kind, (), spec.channel_id, spec.pairs) if p2p else None  # type: ignore[union-attr]
+            ops.append(op)
+            # an effect we do not understand is a barrier: nothing crosses it
+            out.append(Unit(tuple(sorted(deps)), op, transfer, barrier=impure and not ours, before_barrier=ours,
+                            after_barrier=True))
+        return ops, out
+
+    def _emit(self, units: list[tuple[Any, bool]], ops: list[_Op | None], plan: RegionPlan,
+              dataflow: bool) -> list[tuple[Any, bool]]:
+        """The region in the plan's order, each group built where the plan puts it."""
         groups = plan.units
         n_collective = len(plan.groups)
         channel_of: dict[int, int] = {}
@@ -162,47 +149,18 @@ class _FunctionCombiner:
                 out.append(units[u])
                 continue
             g = -1 - u
-            members = groups[g]
+            bindings, members = [units[m][0] for m in groups[g]], [ops[m] for m in groups[g]]
             if g < n_collective:
-                new = self._collective([units[m][0] for m in members], [ops[m] for m in members], dataflow)
+                new = self._collective(bindings, members, dataflow)
             else:
                 t, is_recv = divmod(g - n_collective, 2)
                 if not is_recv:  # the send group is emitted first (the recv group depends on it)
                     channel_of[t] = self.channels.take()
-                    new = self._send([units[m][0] for m in members], [ops[m] for m in members], channel_of[t])
+                    new = self._send(bindings, members, channel_of[t])
                 else:
-                    new = self._recv([units[m][0] for m in members], [ops[m] for m in members], channel_of[t])
+                    new = self._recv(bindings, members, channel_of[t])
             out.extend((b, False) for b in new)
-        return out, True
-
-    def _match(self, graph: Graph, units: list[tuple[Any, bool]],
-               ops: list[_Op | None]) -> tuple[list[tuple[int, int, Hashable]], list[list[tuple[int, int]]]] | None:
-        """Adds the edge send -> recv of every matched transfer to the graph, whichever families
-        combine (a collective must not move across a transfer it waits on); returns the matches
-        this pass may combine as (send, recv, key), in program order, and each channel's transfers
-        in the order MPI matches them. None: transfers that do not match, or a recv before its send
-        (OrderSendRecv's to fix or report): change nothing."""
-        specs = [C.info(unit.value) if not is_block else None for unit, is_block in units]
-        if not any(spec is not None and spec.kind in S.P2P_KINDS for spec in specs):
-            return [], []
-        nodes = []
-        for node, spec in zip(graph.nodes, specs):
-            if spec is not None and spec.kind in S.P2P_KINDS:
-                nodes.append(OrderNode(spec.kind, node.deps, spec.channel_id, spec.pairs))
-            else:
-                nodes.append(OrderNode("other", node.deps))
-        try:
-            plan = plan_send_recv_order(nodes, "combiner")
-        except SendRecvOrderError:
-            return None
-        if any(s > r for s, r in plan.matches):
-            return None
-        for s, r in plan.matches:
-            graph[r].deps = tuple(sorted({*graph[r].deps, s}))
-        transfers = sorted((s, r, ops[s].key) for s, r in plan.matches  # type: ignore[union-attr]
-                           if ops[s] is not None and ops[r] is not None
-                           and ops[s].spec.channel_id not in self.channels.shared)  # type: ignore[union-attr]
-        return transfers, plan.channels
+        return out
 
     # ------------------------------------------------------------------ emission
     def _var(self, name: str, ty: Any, dataflow: bool) -> relax.Var:

@@ -1,10 +1,10 @@
-"""Relay adapter of the collective combiners: IR -> neutral graph -> groups -> IR.
+"""Relay adapter of the collective combiners: IR -> the driver's units (:mod:`..combiners.driver`) -> plan -> IR.
 
 The region is what a function evaluates unconditionally (:func:`..relay.region`), in post-order
 (the executors' order), each expression a node reading its operands; an if, closure or loop is one
 opaque node, and one holding collectives is a barrier, as an if is in Relax. A recv also reads the
-send it is matched with, whatever families are enabled. Groups come from the same planner as Relax
-(:mod:`.planning`). A let chain whose collectives are whole top-level bindings (A-normal form) is
+send it is matched with, whatever families are enabled. Groups come from the same driver as Relax
+(:mod:`..combiners.driver`). A let chain whose collectives are whole top-level bindings (A-normal form) is
 re-emitted in the planner's contracted order, as Relax's bindings are; in other let-form code a group
 whose combined op would read a let variable out of scope is not built. Packing is plain Relay that ``FuseOps`` turns into one kernel: ``reshape`` /
 ``transpose`` of every operand into its block layout (:mod:`.keys`) and one ``concatenate``;
@@ -27,22 +27,15 @@ from typing import Any
 import tvm
 from tvm import relay
 
-from ...core.graph import Graph, ir_dtype_bits
+from ...core.graph import ir_dtype_bits
 from ...relay.shallow_mutator import ShallowExprMutator
 from .. import spec as S
+from ..combiners.driver import Unit, plan_combining
 from ..combiners.factories import pass_factories
-from ..combiners.keys import (
-    ChannelBook,
-    PackPlan,
-    collective_key,
-    pass_kind_of_key,
-    plan_pack,
-    transfer_key,
-)
+from ..combiners.keys import ChannelBook, PackPlan, collective_key, plan_pack, transfer_key
 from ..combiners.options import CombinerOptions
-from ..combiners.planning import plan_region
-from ..dependences import order_around_barriers
-from ..ordering import SendRecvOrderError, index_order, plan_send_recv_order
+from ..combiners.planning import RegionPlan
+from ..ordering import SendRecvOrderError
 from . import ops as C
 from .chains import LetChain, let_chain, reorderable
 
@@ -87,11 +80,6 @@ def _classify(expr: Any, opts: CombinerOptions) -> _Op | None:
     if spec.kind == "allgather":
         key = (*key, payload[1])  # Relay's concatenate cannot mix dtypes
     return _Op(spec.kind, key, *payload, spec, expr)
-
-
-def _family_enabled(op: _Op, opts: CombinerOptions) -> bool:
-    family = "send_recv" if op.family in ("send", "recv") else pass_kind_of_key(op.key)
-    return family in opts.families
 
 
 # --------------------------------------------------------------------------- pack / unpack in Relay
@@ -203,15 +191,15 @@ def _units(groups: list[list[int]], transfers: list[tuple[list[int], list[int]]]
     return units
 
 
-def _reschedule(reg: Any, order: list[int], plan_order: list[int], units: list[_Group],
-                chain: LetChain, opts: CombinerOptions) -> relay.Expr:
+def _reschedule(reg: Any, plan_order: list[int], units: list[_Group], chain: LetChain,
+                opts: CombinerOptions) -> relay.Expr:
     """The let chain re-emitted in the planner's contracted order, each group at its unit's place:
     ``let c = <combined op>`` then every member's variable bound to its piece of ``c``."""
     var_of = chain.var_of
     out: list[tuple[relay.Var, relay.Expr]] = []
     for u in plan_order:
         if u >= 0:
-            e = reg.exprs[order[u]]
+            e = reg.exprs[u]
             if e in var_of:
                 out.append((var_of[e], e))
             continue
@@ -237,73 +225,56 @@ def _combine_function(func: relay.Function, opts: CombinerOptions, channels: Cha
     reg = C.region(func.body)
     if reg is None:
         return func
-    exprs = reg.exprs
-    deps = [set(d) for d in reg.deps]
-    # an if, closure or loop holding collectives is a barrier (as an if is in Relax): no collective
-    # moves across it, so every rank keeps calling them in the same sequence
-    specs = [C.info(e) for e in exprs]
-    ours = [spec is not None for spec in specs]
-    order_around_barriers(deps, [i in reg.nested for i in range(len(exprs))], before=ours, after=ours)
-    # A call to a global function that sends or receives is one for the transfers on channels that
-    # functions share: a send moved past a call sending on its channel swapped the two recvs'
-    # payloads (a channel's messages pair first in, first out across functions)
-    calls = [isinstance(e, relay.Call) and isinstance(e.op, relay.GlobalVar) and e.op.name_hint in holders()
-             for e in exprs]
-    if any(calls):
-        shared = [spec is not None and spec.kind in S.P2P_KINDS and spec.channel_id in channels.shared
-                  for spec in specs]
-        order_around_barriers(deps, calls, before=shared, after=shared)
-    classified = [_classify(e, opts) for e in exprs]
-    matches: list[tuple[int, int]] = []
-    channel_pairs: list[list[tuple[int, int]]] = []
-    if any(op is not None and op.family in ("send", "recv") for op in classified):
-        if reg.nested_p2p is not None:
-            return func
-        plan = plan_send_recv_order(C.order_nodes(reg), "combiner")
-        matches, channel_pairs = plan.matches, plan.channels
-        for s, r in matches:  # a recv waits for its send, whatever families combine
-            deps[r].add(s)
-    order = index_order([sorted(d) for d in deps])
-    if order is None:
+    specs = [C.info(e) for e in reg.exprs]
+    ops = [_classify(e, opts) for e in reg.exprs]
+    # Relay's executors run any topological order: the driver sorts the region after adding the
+    # send -> recv edges, and transfers inside an if, closure or loop have no provable match
+    plan = plan_combining(_neutral_units(reg, specs, ops, holders), opts, channels, topological=True,
+                          hidden_transfers=reg.nested_p2p is not None, ends_share_key=True, dtype_bits=_DTYPE_BITS)
+    if plan is None:
         return func
-    at = {old: k for k, old in enumerate(order)}
-    graph = Graph(dtype_bits=_DTYPE_BITS)
-    ops: list[_Op | None] = []
-    for old in order:
-        op = classified[old]
-        if op is not None and not _family_enabled(op, opts):
-            op = None
-        graph.add(op="expr", operands=(), deps=tuple(sorted(at[d] for d in deps[old])),
-                  shape=op.shape if op else None, dtype=op.dtype if op else None)
-        ops.append(op)
-    transfers: list[tuple[int, int, Hashable]] = []
-    for s, r in matches:
-        s2, r2 = at[s], at[r]
-        if (ops[s2] is not None and ops[r2] is not None and ops[s2].key == ops[r2].key
-                and ops[s2].spec.channel_id not in channels.shared):
-            transfers.append((s2, r2, ops[s2].key))
-    transfers.sort()
-    keys = [op.key if op is not None and op.family not in ("send", "recv") else None for op in ops]
-    region = plan_region(graph, keys, transfers, opts.threshold_bytes, opts.threshold_count, opts.op_cap(),
-                         [[(at[s], at[r]) for s, r in pairs] for pairs in channel_pairs])
+    body = _emit(func.body, reg, specs, ops, plan, opts, channels)
+    return func if body is None else _with_body(func, body, reg)
 
-    if not region.changed:
-        return func
-    chain = let_chain(func.body)
-    if reorderable(chain, func.body, reg, C.moving(reg, specs)):
-        units = _units(region.groups, region.transfers, ops, channels)
-        body = _reschedule(reg, order, region.order, units, chain, opts)
-    else:  # graph form, or let form the chain cannot carry: each group where its first member sits
 
-        def in_scope(members: list[int]) -> bool:
-            olds = [order[m] for m in members]
-            return reg.needs([a for m in members for a in ops[m].call.args]) <= reg.visible_at(olds)
+def _neutral_units(reg: Any, specs: list[S.CollectiveSpec | None], ops: list[_Op | None],
+                   holders: Callable[[], frozenset[str]]) -> list[Unit]:
+    """The region as the driver reads it: deps, ops, transfers and what no collective may cross.
 
-        units = _units([g for g in region.groups if in_scope(g)],
-                       [(s, r) for s, r in region.transfers if in_scope(s) and in_scope(r)], ops, channels)
-        if not units:
-            return func
-        body = _Rewrite(units, opts).visit(func.body)
+    An if, closure or loop holding collectives is a barrier (as an if is in Relax): no collective
+    moves across it, so every rank keeps calling them in the same sequence. A call to a global
+    function that sends or receives is one for the transfers on channels that functions share: a
+    send moved past a call sending on its channel swapped the two recvs' payloads.
+    """
+    p2p = [spec is not None and spec.kind in S.P2P_KINDS for spec in specs]
+    nodes = C.order_nodes(reg) if any(p2p) else []  # as the executors match them
+    out = []
+    for i, (e, spec, op) in enumerate(zip(reg.exprs, specs, ops)):
+        calls = isinstance(e, relay.Call) and isinstance(e.op, relay.GlobalVar) and e.op.name_hint in holders()
+        out.append(Unit(reg.deps[i], op, nodes[i] if p2p[i] else None, barrier=i in reg.nested,
+                        before_barrier=spec is not None, after_barrier=spec is not None, calls_transfers=calls))
+    return out
+
+
+def _emit(body: relay.Expr, reg: Any, specs: list[S.CollectiveSpec | None], ops: list[_Op | None],
+          plan: RegionPlan, opts: CombinerOptions, channels: ChannelBook) -> relay.Expr | None:
+    """The body with the plan's groups built; None where none can be."""
+    chain = let_chain(body)
+    if reorderable(chain, body, reg, C.moving(reg, specs)):
+        return _reschedule(reg, plan.order, _units(plan.groups, plan.transfers, ops, channels), chain, opts)
+
+    # graph form, or let form the chain cannot carry: each group where its first member sits, if
+    # there it sees every let variable its members read
+    def in_scope(members: list[int]) -> bool:
+        return reg.needs([a for m in members for a in ops[m].call.args]) <= reg.visible_at(members)  # type: ignore[union-attr]
+
+    units = _units([g for g in plan.groups if in_scope(g)],
+                   [(s, r) for s, r in plan.transfers if in_scope(s) and in_scope(r)], ops, channels)
+    return _Rewrite(units, opts).visit(body) if units else None
+
+
+def _with_body(func: relay.Function, body: relay.Expr, reg: Any) -> relay.Function:
+    """The function with ``body``; the original where the new one is not well scoped."""
     # The function's type is unchanged: keep it, so a caller type-checked before this function's
     # body is inferred again still knows what it returns (InferType cannot infer it from the call).
     new = relay.Function(func.params, body, func.checked_type.ret_type, func.type_params, func.attrs, func.span)
