@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from .usage import PROG, Parser, UsageError
+from .usage import PROG, Parser, UsageError, parse_input_shapes
 
 
 def _setup_error(args: argparse.Namespace, line: str) -> int:
@@ -52,8 +52,15 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--target", choices=["llvm", "cuda"], default="llvm")
     run.add_argument("--ir", choices=["relax", "relay"], default=None,
                      help="IR to import into (default: relax where apache-tvm 0.27 is installed, else relay)")
-    run.add_argument("--batch", type=int, default=1)
-    run.add_argument("--seq", type=int, default=128)
+    run.add_argument("--batch", type=int, default=1, help="size of the dynamic batch axes (default 1)")
+    run.add_argument("--seq", type=int, default=128,
+                     help="size of the other dynamic axes: sequence, image height and width (default 128)")
+    run.add_argument("--input-shapes", default=None, metavar="SHAPES",
+                     help="inputs' shapes by name, as tvmc takes them: 'input_ids:1x128,mask:1x128' or "
+                          "'pixel_values:[1,3,224,224]'; --batch/--seq size the dynamic axes left")
+    run.add_argument("--inputs", default=None, metavar="FILE.npz",
+                     help="run on this data (numpy .npz, one array per model input, by name) instead of generated "
+                          "inputs; its shapes size the inputs")
     run.add_argument("--repeat", type=int, default=5, help="timed runs per module (median reported)")
     run.add_argument("--no-combine", action="store_true", help="skip the combiner passes")
     run.add_argument("--combine-as", choices=["stack", "concat"], default="stack",
@@ -106,9 +113,13 @@ def _run(args: argparse.Namespace) -> int:
     if args.tune_tasks is not None and args.tune is None:
         return _setup_error(args, "--tune-tasks needs --tune")
     try:
+        shapes = parse_input_shapes(args.input_shapes) if args.input_shapes is not None else None
+    except UsageError as err:
+        return _setup_error(args, str(err).removeprefix("argument "))
+    try:
         report = run_job(args.model, args.target, args.ir, args.batch, args.seq, not args.no_combine, args.repeat,
                          tune=args.tune, tune_dir=args.tune_dir, stack=args.combine_as == "stack",
-                         tune_tasks=args.tune_tasks or "all")
+                         tune_tasks=args.tune_tasks or "all", input_shapes=shapes, inputs=args.inputs)
     except JobError as err:
         line = str(err)
         if not err.bad_input:

@@ -13,6 +13,7 @@ import os
 import re
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +73,37 @@ def fed_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     return [i for i in model.graph.input if i.name not in initializers]
 
 
-def _fix_input_sizes(inputs: list[onnx.ValueInfoProto], batch: int | None, seq: int | None) -> bool:
+def _set_input_shapes(name: str, inputs: list[onnx.ValueInfoProto], shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
+    """Give the inputs ``shapes`` names their sizes; returns the sizes of the dynamic axes' names they
+    set, so other inputs with an axis of the same name follow. A name that is no input, a shape of
+    another rank, or a size an axis fixes otherwise raises :class:`ModelError` naming the input."""
+    by_name = {inp.name: inp for inp in inputs}
+    unknown = [n for n in shapes if n not in by_name]
+    if unknown:
+        raise ModelError(name, f"the input shapes name {', '.join(map(repr, unknown))}, but the model has no input of "
+                               f"that name (its inputs: {', '.join(by_name) or 'none'})")
+    named: dict[str, int] = {}
+    for input_name, shape in shapes.items():
+        dims = by_name[input_name].type.tensor_type.shape.dim
+        if len(shape) != len(dims):
+            raise ModelError(name, f"input {input_name!r} has {len(dims)} axes, its shape given has {len(shape)} "
+                                   f"({'x'.join(map(str, shape))})")
+        for axis, (dim, size) in enumerate(zip(dims, shape)):
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ModelError(name, f"input {input_name!r}: axis {axis} must be a positive integer, got {size!r}")
+            if dim.HasField("dim_value") and dim.dim_value > 0 and dim.dim_value != size:
+                raise ModelError(name, f"input {input_name!r}: axis {axis} is fixed at {dim.dim_value} in the model, "
+                                       f"the shape given says {size}")
+            if dim.dim_param:
+                if named.setdefault(dim.dim_param, size) != size:
+                    raise ModelError(name, f"input {input_name!r}: axis {axis} ({dim.dim_param!r}) is given {size}, "
+                                           f"another input's axis of that name {named[dim.dim_param]}")
+            dim.dim_value = size
+    return named
+
+
+def _fix_input_sizes(inputs: list[onnx.ValueInfoProto], batch: int | None, seq: int | None,
+                     named: Mapping[str, int] | None = None) -> bool:
     """Give dynamic input axes static sizes (:func:`_dim_size`), by name where the names say, so that
     an input ``[seq, batch, 16]`` beside ``[batch, seq, 16]`` is not fed ``(1, 8, 16)`` and broadcast
     into another problem.
@@ -82,7 +113,7 @@ def _fix_input_sizes(inputs: list[onnx.ValueInfoProto], batch: int | None, seq: 
     (then an error further on may come from these sizes).
     """
     fixed = False
-    named: dict[str, int | None] = {}
+    named: dict[str, int | None] = dict(named or {})
     for inp in inputs:
         for axis, dim in enumerate(inp.type.tensor_type.shape.dim):
             if dim.HasField("dim_value"):
@@ -201,10 +232,14 @@ def _has_dynamic_sequence(inputs: list[onnx.ValueInfoProto]) -> bool:
                for i in inputs)
 
 
-def prepare_onnx(model: onnx.ModelProto | str | os.PathLike, batch: int | None = 1, seq: int | None = 128) -> onnx.ModelProto:
+def prepare_onnx(model: onnx.ModelProto | str | os.PathLike, batch: int | None = 1, seq: int | None = 128,
+                 shapes: Mapping[str, Sequence[int]] | None = None) -> onnx.ModelProto:
     """Load ``model``, fix its dynamic input sizes and fold shape arithmetic into constants.
 
-    ``batch`` or ``seq`` of None keeps that axis dynamic (symbolic in the imported IR). A broken
+    ``shapes`` (input name -> shape) sets those inputs' sizes outright, and an axis of another input
+    that shares a dynamic axis's name follows; ``batch`` and ``seq`` size the dynamic axes left, by
+    their names where the names say (``batch_size``, ``seq_len``), else axis 0 the batch and later
+    axes the sequence. ``batch`` or ``seq`` of None keeps that axis dynamic (symbolic in the imported IR). A broken
     file, a sequence beyond the position embeddings or a model onnxruntime rejects raises
     :class:`ModelError` (one line, naming the file).
     """
@@ -235,7 +270,8 @@ def prepare_onnx(model: onnx.ModelProto | str | os.PathLike, batch: int | None =
         if elem not in _FED_DTYPES:  # onnxruntime's Python API takes no bfloat16 array ("Numpy_type 256")
             raise ModelError(name, f"input {value.name!r} is {onnx.TensorProto.DataType.Name(elem).lower()}: the job "
                                    f"generates inputs of numpy's own types only ({', '.join(_FED_DTYPES.values())})")
-    fixed = _fix_input_sizes(inputs, batch, seq)
+    named = _set_input_shapes(name, inputs, shapes) if shapes else {}
+    fixed = _fix_input_sizes(inputs, batch, seq, named) or bool(shapes)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     with tempfile.TemporaryDirectory() as tmp:

@@ -63,9 +63,14 @@ class JobReport:
     #: Under ``--tune``: the untuned baseline (the default schedules: dlight on cuda, ours on llvm), built for the
     #: tuned modules' check and timed too, so the report says whether tuning paid at this budget.
     untuned: Variant | None = None
+    shapes_given: bool = False  # input shapes or data came from the user, not --batch/--seq alone
+    inputs_file: str | None = None  # the .npz the inputs came from
 
     def sizes(self) -> str:
-        """``batch B  seq S``; the input shapes instead where the model fixed a size that --batch/--seq asked otherwise."""
+        """``batch B  seq S``; the input shapes instead where the user gave them, or where the model fixed
+        a size that --batch/--seq asked otherwise."""
+        if self.shapes_given:
+            return f"inputs {input_shapes(self.inputs)}" + (f" from {self.inputs_file}" if self.inputs_file else "")
         shapes = list(self.inputs.values())
         # a size applied wherever it stands (a named dim may put the batch on axis 1, --seq sets an
         # image's height and width): it does not apply only where no input has it at all
@@ -186,7 +191,7 @@ class JobReport:
                 "speedup_rounds": list(self.round_speedups), "combine_as": self.combine_as,
                 "groups": list(self.groups), "executed": self.executed, "note": self.note,
                 "onnxruntime": {"latency_s": self.ort_latency_s, "threads": self.ort_threads},
-                "inputs": dict(self.inputs), "untuned_baseline": None if self.untuned is None else asdict(self.untuned),
+                "inputs": dict(self.inputs), "inputs_file": self.inputs_file, "untuned_baseline": None if self.untuned is None else asdict(self.untuned),
                 "tuning_gain": self.tuning_gain()}
 
     def render(self) -> str:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
 import numpy as np
@@ -13,7 +15,7 @@ from ...compile.host import on_start_cores
 from ...compile.interrupts import keep_interrupts
 from ...compile.tuning import TUNE_TASKS
 from ...models import default_model_path, example_inputs, load_onnx, prepare_onnx, run_onnxruntime, time_onnxruntime
-from ...models.loader import cpu_threads
+from ...models.loader import cpu_threads, input_specs
 from ..backends import IRS, Backend, backend, ir_problem
 from ..compare import largest, output_diffs
 from .checks import TunedCheck, check_combined, reference_disagreement
@@ -54,12 +56,21 @@ class JobOptions:
     tune_dir: str | None = None
     stack: bool = True
     tune_tasks: str = "all"
+    input_shapes: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    inputs: str | os.PathLike | Mapping[str, np.ndarray] | None = None
 
 
 def run_job(model_path: str | None = None, target: str = "llvm", ir: str | None = None, batch: int = 1, seq: int = 128,
             combine: bool = True, repeat: int = 5, log: TextIO | None = None, tune: int | None = None,
-            tune_dir: str | None = None, stack: bool = True, tune_tasks: str = "all") -> JobReport:
+            tune_dir: str | None = None, stack: bool = True, tune_tasks: str = "all",
+            input_shapes: Mapping[str, Sequence[int]] | None = None,
+            inputs: str | os.PathLike | Mapping[str, np.ndarray] | None = None) -> JobReport:
     """Run the whole job; ``ir=None`` picks the environment's IR. Failures raise :class:`JobError`.
+
+    ``input_shapes`` (input name -> shape) sizes those inputs outright, ``batch`` and ``seq`` the
+    dynamic axes left. ``inputs`` (an ``.npz`` file or name -> array) runs the model on that data
+    instead of generated inputs: it must name every input of the model and no other, and its
+    arrays' shapes size the inputs (as ``input_shapes`` would).
 
     ``tune=TRIALS`` tunes every module with MetaSchedule (the same budget per task for each) before
     compiling; tasks already in the database under ``tune_dir`` are reused, not tuned again.
@@ -69,7 +80,8 @@ def run_job(model_path: str | None = None, target: str = "llvm", ir: str | None 
     matmul, so each branch keeps its own weight layout and kernel shape (on CPU, tuned, one wide
     GEMM over concatenated weights is slower than the baseline on BERT-base; stacked, it is not).
     """
-    options = JobOptions(model_path, target, ir, batch, seq, combine, repeat, tune, tune_dir, stack, tune_tasks)
+    options = JobOptions(model_path, target, ir, batch, seq, combine, repeat, tune, tune_dir, stack, tune_tasks,
+                         dict(input_shapes or {}), inputs)
     return _Job(options, log).run()
 
 
@@ -83,6 +95,7 @@ class _Job:
         self.diffs: dict[str, list[float]] = {}  # per output, from onnxruntime
         self.runnable: list[tuple[Variant, Any]] = []
         self.untuned: TunedCheck | None = None
+        self.given: dict[str, np.ndarray] | None = None  # the user's input data
 
     def progress(self, msg: str) -> None:
         print(f"[tvm-combiners] {msg}", file=self.log or sys.stderr, flush=True)
@@ -90,6 +103,7 @@ class _Job:
     def run(self) -> JobReport:
         self.setup()
         self.load()
+        self.load_inputs()
         self.prepare()
         self.reference()
         self.import_model()
@@ -125,13 +139,50 @@ class _Job:
             self.progress(f"loading {self.path}")
             self.model = load_onnx(self.path)
 
+    def load_inputs(self) -> None:
+        """The user's input data (``inputs``), checked against the model's input names."""
+        given = self.options.inputs
+        if given is None:
+            return
+        source = "the inputs given" if isinstance(given, Mapping) else str(given)
+        with job_stage(self.path, "inputs", f"cannot read {source}", bad_input=True):
+            if isinstance(given, Mapping):
+                arrays = {str(k): np.asarray(v) for k, v in given.items()}
+            else:
+                self.progress(f"reading inputs from {source}")
+                with np.load(given, allow_pickle=False) as npz:
+                    arrays = {k: npz[k] for k in npz.files}
+        names = list(input_specs(self.model))
+        missing = [n for n in names if n not in arrays]
+        extra = [n for n in arrays if n not in names]
+        if missing or extra:
+            what = "; ".join(filter(None, [missing and f"no array for input {', '.join(map(repr, missing))}",
+                                           extra and f"{', '.join(map(repr, extra))} is no input of the model"]))
+            raise JobError(self.path, "inputs", f"{source}: {what} (the model's inputs: {', '.join(names)})")
+        self.given = {n: arrays[n] for n in names}
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """The shapes the inputs are given: ``input_shapes``, and the user's arrays' (which must agree)."""
+        shapes = {name: tuple(shape) for name, shape in self.options.input_shapes.items()}
+        for name, array in (self.given or {}).items():
+            if shapes.setdefault(name, array.shape) != array.shape:
+                raise JobError(self.path, "inputs", f"input {name!r}: the array given has shape {array.shape}, the "
+                                                    f"input shapes say {shapes[name]}")
+        return shapes
+
     def prepare(self) -> None:
-        """Fix the model's input sizes and make its example inputs."""
+        """Fix the model's input sizes and make its example inputs (or check the user's against it)."""
         o = self.options
+        shapes = self.shapes()
         with job_stage(self.path, "prepare", "cannot prepare the model", bad_input=False):
-            self.progress(f"preparing (batch {o.batch}, seq {o.seq})")
-            self.model = prepare_onnx(self.model, o.batch, o.seq)
-            self.inputs = example_inputs(self.model, o.batch, o.seq)
+            sizes = ", ".join(f"{n} {'x'.join(map(str, s))}" for n, s in shapes.items())
+            self.progress(f"preparing ({sizes + '; ' if sizes else ''}batch {o.batch}, seq {o.seq})")
+            self.model = prepare_onnx(self.model, o.batch, o.seq, shapes)
+            self.inputs = self.given if self.given is not None else example_inputs(self.model, o.batch, o.seq)
+        for name, (_, dtype) in input_specs(self.model).items():
+            if self.given is not None and self.given[name].dtype != dtype:
+                raise JobError(self.path, "inputs", f"input {name!r} is {dtype} in the model, the array given is "
+                                                    f"{self.given[name].dtype}")
 
     def reference(self) -> None:
         """onnxruntime's outputs, which every module is compared with."""
@@ -151,7 +202,9 @@ class _Job:
         except Exception as err:
             raise JobError(self.path, "import", import_problem(err, self.ir)) from err
         self.report = JobReport(self.path, self.ir, o.target, o.batch, o.seq, combine_as="stack" if o.stack else "concat",
-                                inputs={name: list(array.shape) for name, array in self.inputs.items()})
+                                inputs={name: list(array.shape) for name, array in self.inputs.items()},
+                                shapes_given=bool(o.input_shapes) or self.given is not None,
+                                inputs_file=None if o.inputs is None or isinstance(o.inputs, Mapping) else str(o.inputs))
         self.executable = o.target == "llvm" or self.backend.has_gpu()
         if not self.executable:
             self.report.executed = False
