@@ -131,3 +131,20 @@ def test_cli_refuses_a_bad_shape_string_before_loading_anything(capsys, tmp_path
     assert capsys.readouterr().err.splitlines() == [
         "tvm-combiners: error: --input-shapes: 'x:8xz' is not NAME:DIMxDIM... or NAME:[DIM,DIM,...] "
         "(e.g. input_ids:1x128 or pixel_values:[1,3,224,224])"]
+
+
+def test_a_slow_step_says_how_long_it_took(capsys, tmp_path, monkeypatch):
+    from tvm_combiners.app.job import run as job_run
+
+    monkeypatch.setattr(job_run, "SLOW_STEP_S", 0.0)  # every step counts as slow
+    path = _model(tmp_path / "m.onnx")
+    code, _, err = _run(capsys, str(path), "--input-shapes", "y:[2,2,3,5]")
+    assert code == 0, err
+    lines = err.splitlines()
+    for step in ("loading", "preparing", "running onnxruntime", "importing into", "combining", "compiling baseline",
+                 "running combined", "timing onnxruntime"):
+        started = next(i for i, line in enumerate(lines) if line.startswith(f"[tvm-combiners] {step}"))
+        took = lines[started].removeprefix("[tvm-combiners] ") + ": "
+        assert any(line.startswith(f"[tvm-combiners] {took}") and line.endswith(" s") for line in lines[started + 1:]), (
+            step, lines)
+    assert any(line.startswith("[tvm-combiners] timing the modules: ") for line in lines), lines

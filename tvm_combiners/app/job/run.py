@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
@@ -85,6 +86,10 @@ def run_job(model_path: str | None = None, target: str = "llvm", ir: str | None 
     return _Job(options, log).run()
 
 
+#: A step that takes at least this long says how long when it ends: a user sees where the minutes go.
+SLOW_STEP_S = 2.0
+
+
 class _Job:
     """One run of the main job: each stage a method, the state they hand on in attributes."""
 
@@ -99,6 +104,18 @@ class _Job:
 
     def progress(self, msg: str) -> None:
         print(f"[tvm-combiners] {msg}", file=self.log or sys.stderr, flush=True)
+
+    @contextmanager
+    def step(self, msg: str, announce: bool = True) -> Iterator[None]:
+        """Say ``msg`` as the step starts (unless the step says it itself: ``announce=False``), and how
+        long it took where that was :data:`SLOW_STEP_S` or more."""
+        if announce:
+            self.progress(msg)
+        start = time.perf_counter()
+        yield
+        seconds = time.perf_counter() - start
+        if seconds >= SLOW_STEP_S:
+            self.progress(f"{msg}: {seconds:.1f} s")
 
     def run(self) -> JobReport:
         self.setup()
@@ -135,8 +152,7 @@ class _Job:
         """Read the ONNX model (the default one where no path is given)."""
         with job_stage(self.path, "load", "cannot locate the default model", bad_input=True):
             self.path = str(self.options.model_path or default_model_path())
-        with job_stage(self.path, "load", "cannot load the model", bad_input=True):
-            self.progress(f"loading {self.path}")
+        with job_stage(self.path, "load", "cannot load the model", bad_input=True), self.step(f"loading {self.path}"):
             self.model = load_onnx(self.path)
 
     def load_inputs(self) -> None:
@@ -174,9 +190,9 @@ class _Job:
         """Fix the model's input sizes and make its example inputs (or check the user's against it)."""
         o = self.options
         shapes = self.shapes()
-        with job_stage(self.path, "prepare", "cannot prepare the model", bad_input=False):
-            sizes = ", ".join(f"{n} {'x'.join(map(str, s))}" for n, s in shapes.items())
-            self.progress(f"preparing ({sizes + '; ' if sizes else ''}batch {o.batch}, seq {o.seq})")
+        sizes = ", ".join(f"{n} {'x'.join(map(str, s))}" for n, s in shapes.items())
+        with (job_stage(self.path, "prepare", "cannot prepare the model", bad_input=False),
+              self.step(f"preparing ({sizes + '; ' if sizes else ''}batch {o.batch}, seq {o.seq})")):
             self.model = prepare_onnx(self.model, o.batch, o.seq, shapes)
             self.inputs = self.given if self.given is not None else example_inputs(self.model, o.batch, o.seq)
         for name, (_, dtype) in input_specs(self.model).items():
@@ -188,16 +204,15 @@ class _Job:
         """onnxruntime's outputs, which every module is compared with."""
         # the shapes it ran on, not --batch/--seq: a model may fix its sizes, or have no sequence axis
         shapes = input_shapes({name: array.shape for name, array in self.inputs.items()})
-        with job_stage(self.path, "reference", f"onnxruntime fails to run the model on inputs {shapes}", bad_input=True):
-            self.progress("running onnxruntime for reference outputs")
+        with (job_stage(self.path, "reference", f"onnxruntime fails to run the model on inputs {shapes}", bad_input=True),
+              self.step("running onnxruntime for reference outputs")):
             self.reference_outputs = run_onnxruntime(self.model, self.inputs)
 
     def import_model(self) -> None:
         """The model in the IR: the baseline module."""
         o = self.options
-        self.progress(f"importing into {self.ir}")
         try:
-            with keep_interrupts():
+            with keep_interrupts(), self.step(f"importing into {self.ir}"):
                 self.baseline = self.backend.import_model(self.model)
         except Exception as err:
             raise JobError(self.path, "import", import_problem(err, self.ir)) from err
@@ -215,8 +230,8 @@ class _Job:
         self.modules: list[tuple[str, Any]] = [("baseline", self.baseline)]
         if not self.options.combine:
             return
-        with job_stage(self.path, "combine", "internal error in the combiner passes", bad_input=False):
-            self.progress("combining parallel ops")
+        with (job_stage(self.path, "combine", "internal error in the combiner passes", bad_input=False),
+              self.step("combining parallel ops")):
             combined = self.backend.combine(self.baseline, lambda cand: self.report.groups.append(cand.describe()),
                                             self.options.stack)
         self.modules.append(("combined", combined))
@@ -229,20 +244,20 @@ class _Job:
         is_baseline = label == "baseline"
         tuned = None
         if o.tune is not None:
-            with job_stage(self.path, "tune", f"MetaSchedule cannot tune the {label} module for {o.target}", bad_input=False):
-                self.progress(f"tuning {label} for {o.target} ({o.tune} trials per task)")
+            with (job_stage(self.path, "tune", f"MetaSchedule cannot tune the {label} module for {o.target}",
+                            bad_input=False), self.step(f"tuning {label} for {o.target} ({o.tune} trials per task)")):
                 with on_start_cores():  # its builders and runners would inherit the pin of TVM's pool
                     tuned = self.backend.tune(mod, o.target, o.tune, o.tune_dir, self.progress, o.tune_tasks)
-        with job_stage(self.path, "compile", f"TVM cannot compile the {label} module for {o.target}", bad_input=is_baseline):
-            self.progress(f"compiling {label} for {o.target}")
+        with (job_stage(self.path, "compile", f"TVM cannot compile the {label} module for {o.target}",
+                        bad_input=is_baseline), self.step(f"compiling {label} for {o.target}")):
             start = time.perf_counter()
             built = (self.backend.compile(mod, o.target) if tuned is None
                      else self.backend.compile_tuned(mod, o.target, tuned[0]))
             variant = Variant(label, self.backend.count_ops(mod), time.perf_counter() - start)
             variant.tuning = None if tuned is None else asdict(tuned[1])
         if self.executable:
-            with job_stage(self.path, "run", f"running the {label} module failed", bad_input=is_baseline):
-                self.progress(f"running {label}")
+            with (job_stage(self.path, "run", f"running the {label} module failed", bad_input=is_baseline),
+                  self.step(f"running {label}")):
                 self.outputs[label] = self.backend.run(built, self.inputs, o.target)
                 self.diffs[label] = output_diffs(self.outputs[label], self.reference_outputs)
                 variant.max_abs_diff = largest(self.diffs[label])
@@ -274,7 +289,8 @@ class _Job:
         if not self.runnable:
             return
         o = self.options
-        with job_stage(self.path, "run", "timing the modules failed", bad_input=False):
+        with (job_stage(self.path, "run", "timing the modules failed", bad_input=False),
+              self.step("timing the modules", announce=False)):
             # the untuned baseline in the same rounds: its ratio to the tuned one decides "deploy untuned"
             extra = [] if self.untuned is None else [(self.untuned.variant, self.untuned.plain_built)]
             time_alternating(self.backend, self.runnable, self.inputs, o.target, o.repeat, self.report, self.progress,
@@ -286,6 +302,6 @@ class _Job:
         report, repeat = self.report, self.options.repeat
         with job_stage(self.path, "reference", "onnxruntime fails to time the model", bad_input=False):
             report.ort_threads = cpu_threads()
-            self.progress(f"timing onnxruntime ({repeat} runs, {report.ort_threads} "
-                          f"thread{'s' * (report.ort_threads != 1)})")
-            report.ort_latency_s = time_onnxruntime(self.model, self.inputs, repeat, report.ort_threads)
+            with self.step(f"timing onnxruntime ({repeat} runs, {report.ort_threads} "
+                           f"thread{'s' * (report.ort_threads != 1)})"):
+                report.ort_latency_s = time_onnxruntime(self.model, self.inputs, repeat, report.ort_threads)
