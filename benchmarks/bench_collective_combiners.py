@@ -135,7 +135,7 @@ def main() -> int:
     from tvm_combiners.collectives.runtime import launch
 
     argv = [sys.executable, str(Path(__file__).resolve()), "--rank"] + (["--quick"] if args.quick else [])
-    return launch(2, argv, timeout=900)
+    return launch(2, argv, timeout=900, prefix=False)  # rank 0 alone prints the table
 
 
 if __name__ == "__main__":

@@ -180,7 +180,7 @@ def main() -> int:
     from tvm_combiners.collectives.runtime.launch import launch
 
     return launch(2, ["python", str(Path(__file__).resolve()), "--worker", *(["--quick"] if args.quick else [])],
-                  timeout=900)
+                  timeout=900, prefix=False)  # rank 0 alone prints the table
 
 
 if __name__ == "__main__":

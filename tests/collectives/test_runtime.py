@@ -947,7 +947,7 @@ def test_a_sender_far_ahead_of_its_receiver_ends_the_job_cleanly(tmp_path: Path)
         "    print('in order' if got == list(range(300)) else f'out of order: {got}', flush=True)\n")
     proc = _launch_two(tmp_path, "10")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout == "in order\n"
+    assert proc.stdout == "[rank 1] in order\n"  # whole lines, named by their rank
 
 
 def test_a_large_send_nobody_receives_fails_the_job_naming_it(tmp_path: Path) -> None:
@@ -1051,3 +1051,29 @@ def test_launch_streams_a_ranks_stderr_in_blocks_keeping_its_start_and_end(tmp_p
     assert peak < 16 * 2**20, f"{peak / 2**20:.0f} MiB held while copying 40 MiB"
     assert len(text) < 2 * 2**20 and text.startswith("first line\n")
     assert rank_error(text) == "ValueError: the end"
+
+
+def test_launch_copies_each_ranks_stdout_in_whole_lines_named_by_rank(tmp_path: Path) -> None:
+    """Two ranks printing long lines in many small writes at once: every line reaches stdout whole,
+    prefixed with its rank, each rank's in its own order; ``--no-prefix`` drops the prefix only."""
+    (tmp_path / "prog.py").write_text(
+        "import sys\n"
+        "from mpi4py import MPI\n"
+        "r = MPI.COMM_WORLD.Get_rank()\n"
+        "MPI.COMM_WORLD.Barrier()\n"
+        "for i in range(200):\n"
+        "    for part in (f'rank {r} ', f'line {i} ', 'x' * 300, '\\n'):\n"
+        "        sys.stdout.write(part)\n"
+        "        sys.stdout.flush()\n"
+        "sys.stdout.write(f'rank {r} last, no newline')\n")
+    for flags, lead in (([], "[rank {r}] "), (["--no-prefix"], "")):
+        proc = subprocess.run([sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "2", *flags,
+                               "--timeout", "60", "--", "python", "prog.py"], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=90)
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.splitlines()
+        for r in (0, 1):
+            mine = [line for line in lines if line.startswith(lead.format(r=r) + f"rank {r} ")]
+            assert mine == [lead.format(r=r) + f"rank {r} line {i} " + "x" * 300 for i in range(200)] + [
+                lead.format(r=r) + f"rank {r} last, no newline"]
+        assert len(lines) == 402

@@ -190,6 +190,7 @@ def _launch(args: argparse.Namespace, run_job: Callable[[argparse.Namespace], in
     with tempfile.TemporaryDirectory(prefix="tvm-combiners-example-") as folder:
         json_out = os.path.join(folder, "report.json") if args.json else None
         args.argv = example_command(args.example, extra, json_out)
+        args.no_prefix = True  # rank 0 alone prints the example's report
         if json_out is None:
             return run_job(args)
         with _stdout_to_stderr():

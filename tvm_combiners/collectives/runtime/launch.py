@@ -7,7 +7,9 @@ and a rank that mpiexec stopped before its program ended is named even when the 
 rank is handled by the timeout: mpiexec gets SIGTERM (it tears down its ranks), then every process of
 the job still alive gets SIGKILL.  Each rank's stderr goes to its own file (mpiexec's
 ``-errfile-pattern``) and is copied live to our stderr prefixed ``[rank R]``; at the end every rank
-that raised is named with its error.  stdout passes through, copied as it comes.
+that raised is named with its error.  Each rank's stdout goes to a file of its own too and is copied
+to our stdout whole line by whole line, prefixed ``[rank R]`` where there are several ranks: two
+ranks' lines never run together.
 """
 
 from __future__ import annotations
@@ -101,18 +103,20 @@ def rank_error(text: str, recorded: str | None = None, records_errors: bool = Fa
 
 
 class _Tail(threading.Thread):
-    """Copies every rank's stderr file to ours line by line, prefixed with the rank, in blocks of
-    :data:`BLOCK` bytes; of each rank's text it keeps the first :data:`HEAD` and last :data:`TAIL`
-    bytes for :func:`rank_error` (read and kept whole, a rank's output would take about three times its
-    size in memory)."""
+    """Copies every rank's file (``<name>.<rank>``) to our ``stream`` (``"stderr"`` or ``"stdout"``)
+    whole line by whole line, prefixed with the rank where ``prefix``, in blocks of :data:`BLOCK`
+    bytes; of each rank's text it keeps the first :data:`HEAD` and last :data:`TAIL` bytes for
+    :func:`rank_error` (read and kept whole, a rank's output would take about three times its size in
+    memory)."""
 
     BLOCK = 1 << 20
     HEAD = 64 << 10
     TAIL = 1 << 20
 
-    def __init__(self, folder: Path, n: int) -> None:
+    def __init__(self, folder: Path, n: int, name: str = "rank", stream: str = "stderr", prefix: bool = True) -> None:
         super().__init__(daemon=True)
-        self.paths = [folder / f"rank.{r}" for r in range(n)]
+        self.paths = [folder / f"{name}.{r}" for r in range(n)]
+        self.stream, self.prefix = stream, prefix
         self.offsets = [0] * n
         self.partial = [b""] * n
         self.heads = [bytearray() for _ in range(n)]
@@ -142,8 +146,13 @@ class _Tail(threading.Thread):
             rest = b""
         self.partial[r] = rest
         if lines:
-            sys.stderr.write("".join(f"[rank {r}] {line.decode(errors='replace')}\n" for line in lines))
-            sys.stderr.flush()
+            lead = f"[rank {r}] " if self.prefix else ""
+            out = getattr(sys, self.stream)  # looked up now: a caller may have redirected it
+            try:
+                out.write("".join(f"{lead}{line.decode(errors='replace')}\n" for line in lines))
+                out.flush()
+            except Exception:  # noqa: BLE001 - our stream closed or gone: keep reading, or a rank's file grows
+                pass
 
     def poll(self, final: bool = False) -> None:
         for r, path in enumerate(self.paths):
@@ -175,7 +184,7 @@ class _Tail(threading.Thread):
 
 
 class _Stdout(threading.Thread):
-    """Copies mpiexec's stdout (the ranks' own, and hydra's reports) to ours as it comes, noting the
+    """Copies mpiexec's own stdout (hydra's reports; the ranks' go to files) to ours as it comes, noting the
     pid and exit string of a process hydra reports as badly terminated: it names a rank killed by
     a signal (the OOM killer's SIGKILL) by nothing else."""
 
@@ -406,8 +415,12 @@ def check_job(n: int, timeout: float | None) -> float:
     return timeout
 
 
-def launch(n: int, argv: list[str], timeout: float | None = None) -> int:
+def launch(n: int, argv: list[str], timeout: float | None = None, prefix: bool | None = None) -> int:
     """Run ``argv`` on ``n`` ranks; return its exit code (124 after a timeout), naming failed ranks.
+
+    Each rank's stdout reaches ours whole line by whole line, prefixed ``[rank R]`` where ``prefix``
+    (by default: where there are several ranks); ``prefix=False`` suits a program whose rank 0 alone
+    prints (a table).
 
     ``timeout`` (seconds, default 300) bounds the whole job: past it every rank is killed. So does
     Ctrl-C, or a SIGTERM or SIGHUP to this process (in the main thread): the ranks are killed and
@@ -428,9 +441,12 @@ def launch(n: int, argv: list[str], timeout: float | None = None) -> int:
     mpiexec = find_mpiexec()
     marked = RANK_MAIN in command  # python ranks mark the end of their program
     with tempfile.TemporaryDirectory(prefix="tvm-combiners-launch-") as folder:
-        cmd = [mpiexec, "-n", str(n), "-errfile-pattern", f"{folder}/rank.%r", *command]
+        cmd = [mpiexec, "-n", str(n), "-errfile-pattern", f"{folder}/rank.%r", "-outfile-pattern", f"{folder}/out.%r",
+               *command]
         tail = _Tail(Path(folder), n)
         tail.start()
+        out_tail = _Tail(Path(folder), n, "out", "stdout", prefix=n > 1 if prefix is None else prefix)
+        out_tail.start()
         start = time.monotonic()
         timed_out, proc, killed, stdout = False, None, 0, None
         try:
@@ -449,10 +465,12 @@ def launch(n: int, argv: list[str], timeout: float | None = None) -> int:
             if proc is not None:
                 _kill_job(proc, folder)
             tail.finish()
+            out_tail.finish()
             if stdout is not None:
                 stdout.finish()
             raise
         texts = tail.finish()
+        out_tail.finish()
         stdout.finish()
         ends = _program_ends(Path(folder), n) if marked else {}
         # each rank's reason to fail as it wrote it (rank_main.record_error): its stderr may be lost
@@ -499,6 +517,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-n", "--np", dest="np", type=int, required=True, metavar="N", help="number of ranks")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
                         help=f"seconds before every rank is killed (default {DEFAULT_TIMEOUT:g})")
+    parser.add_argument("--no-prefix", action="store_true",
+                        help="copy the ranks' stdout lines without their '[rank R] ' prefix (whole lines still)")
     # dest "argv", not "command": tvm-combiners' subparsers already store the subcommand in "command"
     parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="command",
                         help="the command after '--'; python programs run as under python -m mpi4py")
@@ -507,7 +527,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     """Run the parsed ``launch`` arguments; 2 on a usage error, else the job's exit code."""
     try:
-        return launch(args.np, args.argv, timeout=args.timeout)
+        return launch(args.np, args.argv, timeout=args.timeout, prefix=False if args.no_prefix else None)
     except (ValueError, FileNotFoundError) as err:
         # as the CLI's other usage errors (and argparse's own for launch) read
         print(f"tvm-combiners: error: launch: {str(err).removeprefix(PREFIX + ': ')}", file=sys.stderr)
