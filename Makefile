@@ -8,22 +8,28 @@ VENV_RELAY := .venv-relay
 
 .PHONY: demo test test-main test-relay bench lint clean fuzz
 
-$(VENV)/.installed: requirements/main.txt requirements/constraints-main.txt setup.py
+# Extras (pyproject.toml): the demo needs relax and models only; the tests add the rest.
+MAIN_EXTRAS := relax,models,mpi,nccl,tune,test,dev
+RELAY_EXTRAS := relay,models,mpi,test
+
+$(VENV)/.installed-demo: pyproject.toml requirements/constraints-main.txt
 	test -x $(VENV)/bin/python || $(PYTHON311) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -r requirements/main.txt -c requirements/constraints-main.txt
-	$(VENV)/bin/pip install -q --no-deps -e .
+	$(VENV)/bin/pip install -q -e ".[relax,models]" -c requirements/constraints-main.txt
 	touch $@
 
-$(VENV_RELAY)/.installed: requirements/relay.txt requirements/constraints-relay.txt setup.py
+$(VENV)/.installed: $(VENV)/.installed-demo
+	$(VENV)/bin/pip install -q -e ".[$(MAIN_EXTRAS)]" -c requirements/constraints-main.txt
+	touch $@
+
+$(VENV_RELAY)/.installed: pyproject.toml requirements/constraints-relay.txt
 	@test -n "$(PYTHON310)" || { echo "python3.10 not found: the Relay environment needs it" >&2; exit 1; }
 	test -x $(VENV_RELAY)/bin/python || $(PYTHON310) -m venv $(VENV_RELAY)
 	$(VENV_RELAY)/bin/pip install -q --upgrade pip
-	$(VENV_RELAY)/bin/pip install -q -r requirements/relay.txt -c requirements/constraints-relay.txt
-	$(VENV_RELAY)/bin/pip install -q --no-deps -e .
+	$(VENV_RELAY)/bin/pip install -q -e ".[$(RELAY_EXTRAS)]" -c requirements/constraints-relay.txt
 	touch $@
 
-demo: $(VENV)/.installed
+demo: $(VENV)/.installed-demo
 	$(VENV)/bin/tvm-combiners run --target llvm --ir relax --batch 1 --seq 128
 
 # The two suites run side by side (each keeps about one core busy); TEST_SERIAL=1 runs one after the other.

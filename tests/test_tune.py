@@ -416,4 +416,4 @@ def test_tune_without_what_metaschedule_imports_names_what_to_install(missing, c
     assert main(["run", str(model), "--ir", "relax", "--tune", "1", "--tune-dir", str(tmp_path / "t")]) == 2
     assert capsys.readouterr().err.splitlines() == [
         f"tvm-combiners: error: --tune needs the package {missing}, which MetaSchedule imports to tune: "
-        f"pip install {missing}"]
+        f"pip install 'tvm_combiners[tune]' (or: pip install {missing})"]

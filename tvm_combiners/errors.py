@@ -9,6 +9,19 @@ class UserError(ValueError):
     """A problem the user fixes outside the model (a folder, a file beside it), said in one line: exit 2."""
 
 
+def install_line(extra: str, packages: list[str]) -> str:
+    """How to install what an optional feature needs: the package's extra, or the packages themselves."""
+    return f"pip install 'tvm_combiners[{extra}]' (or: pip install {' '.join(packages)})"
+
+
+class MissingExtra(ImportError):
+    """An optional feature whose packages are not installed; the message names the extra that installs them."""
+
+    def __init__(self, what: str, extra: str, packages: list[str]) -> None:
+        self.extra, self.packages = extra, packages
+        super().__init__(f"{what} needs {', '.join(packages)}: {install_line(extra, packages)}")
+
+
 def first_line(err: BaseException) -> str:
     """The informative line of an exception's message: no C++ backtraces, source paths or codes.
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from ...errors import MissingExtra
 from ..spec import Groups, PairError, Pairs, decode_groups, decode_pairs
 
 _mpi: Any = None
@@ -22,7 +23,10 @@ def mpi() -> Any:
     """The ``mpi4py.MPI`` module; importing it starts MPI (once per process)."""
     global _mpi
     if _mpi is None:
-        from mpi4py import MPI
+        try:
+            from mpi4py import MPI
+        except ImportError as err:
+            raise MissingExtra("the collectives runtime", "mpi", ["mpi4py", "mpich"]) from err
 
         _mpi = MPI
     return _mpi

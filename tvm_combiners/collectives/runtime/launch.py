@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import math
 import os
 import re
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ...compile.host import on_start_cores, usable_cores
+from ...errors import install_line
 from .rank_main import ABORT_PREFIX, LOST_ERROR_PREFIX, MARKER_DIR
 
 DEFAULT_TIMEOUT = 300.0
@@ -48,7 +50,7 @@ def find_mpiexec() -> str:
     found = shutil.which("mpiexec")
     if found is None:
         raise FileNotFoundError(f"{PREFIX}: mpiexec not found beside {sys.executable} nor on PATH: "
-                                "install the mpich wheel (pip install mpich mpi4py)")
+                                f"{install_line('mpi', ['mpi4py', 'mpich'])}")
     return found
 
 
@@ -440,6 +442,9 @@ def launch(n: int, argv: list[str], timeout: float | None = None, prefix: bool |
         raise ValueError(f"{PREFIX}: command not found: {argv[0]!r} (not an executable path, nor on PATH)")
     mpiexec = find_mpiexec()
     marked = RANK_MAIN in command  # python ranks mark the end of their program
+    if marked and importlib.util.find_spec("mpi4py") is None:  # every rank would fail to start, each in turn
+        raise FileNotFoundError(f"{PREFIX}: python ranks run under mpi4py, which is not installed: "
+                                f"{install_line('mpi', ['mpi4py', 'mpich'])}")
     with tempfile.TemporaryDirectory(prefix="tvm-combiners-launch-") as folder:
         cmd = [mpiexec, "-n", str(n), "-errfile-pattern", f"{folder}/rank.%r", "-outfile-pattern", f"{folder}/out.%r",
                *command]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import tvm
 
+from ...errors import install_line
 from ..host import usable_cores
 
 #: Where tuning records live unless ``--tune-dir`` (or ``TVM_COMBINERS_TUNE_DIR``) says otherwise.
@@ -78,7 +79,7 @@ def dependency_problem() -> str | None:
     if not missing:
         return None
     return (f"--tune needs the package{'s' * (len(missing) > 1)} {', '.join(missing)}, which MetaSchedule imports to "
-            f"tune: pip install {' '.join(missing)}")
+            f"tune: {install_line('tune', missing)}")
 
 
 def folder_problem(root: str | os.PathLike | None, target: tvm.target.Target) -> str | None:
