@@ -110,14 +110,27 @@ def test_byte_limit_counts_convolution_weights_at_their_aligned_kernel_size():
     assert plan.roots == tuple(roots)
     assert plan.alignment.sizes == (3,) and plan.alignment.weight_pads == (((1, 1),), ((0, 0),))
 
-def test_to_batch_stacks_equal_widths_and_concatenates_the_rest_in_one_run():
-    # widths 1, 3, 1, 1 under max_branches=2: two 1s stack; the third 1 is left over by the limit
-    # and concatenates with the 3 now, or a second run would find that pair (not idempotent)
+def test_to_batch_stacks_one_width_and_concatenates_several_widths():
+    # one width under max_branches=2: two stack, the third is left over by the limit and alone
+    b = G()
+    x = b.leaf()
+    r = [b.root(x, b.leaf((8, 2)), 2, stack="new") for _ in range(3)]
+    plans = plan_combinations(b.g, ["matmul"], CombineOptions(max_branches=2, to_batch=True))
+    assert [(p.roots, p.stack) for p in plans] == [((r[0], r[1]), "new")]
+    # widths 1, 3, 1, 1 on one input: all concatenate (one op each limit allows), none stacks
     b = G()
     x = b.leaf()
     r = [b.root(x, b.leaf((8, n)), n, stack="new") for n in (1, 3, 1, 1)]
     plans = plan_combinations(b.g, ["matmul"], CombineOptions(max_branches=2, to_batch=True))
-    assert [(p.roots, p.stack) for p in plans] == [((r[0], r[2]), "new"), ((r[1], r[3]), None)]
+    assert [(p.roots, p.stack) for p in plans] == [((r[0], r[1]), None), ((r[2], r[3]), None)]
+    assert [(p.roots, p.stack) for p in plan_combinations(b.g, ["matmul"], CombineOptions(to_batch=True))] \
+        == [(tuple(r), None)]
+    # widths 2, 2 on one input and 5, 5 on another: each input stacks its own
+    b = G()
+    x, y = b.leaf(), b.leaf()
+    r = [b.root(v, b.leaf((8, n)), n, stack="new") for v, n in ((x, 2), (y, 5), (x, 2), (y, 5))]
+    plans = plan_combinations(b.g, ["matmul"], CombineOptions(to_batch=True))
+    assert [(p.roots, p.stack) for p in plans] == [((r[0], r[2]), "new"), ((r[1], r[3]), "new")]
 
 
 def test_veto_and_unknown_sizes():

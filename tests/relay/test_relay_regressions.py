@@ -192,8 +192,8 @@ def test_maximum_operands_are_never_swapped_between_branches():
     a, b = (relay.nn.dense(x, const((4, 3), n)) for n in (1, 2))
     mod = make_module([relay.maximum(a, s1), relay.maximum(s2, b)], [x, s1, s2])
     new = CombineParallelDense()(mod)
-    assert ops(new, "nn.dense") == 1 and ops(new, "maximum") == 2
+    assert ops(new, "nn.dense") + ops(new, "nn.batch_matmul") == 1 and ops(new, "maximum") == 2
     inputs = random_inputs(mod)
     inputs["x"][0, 0] = inputs["s2"][2] = np.nan
     for got, want in zip(run(new, inputs), run(mod, inputs)):
-        np.testing.assert_array_equal(got, want)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)  # NaN where and only where the original has one

@@ -64,9 +64,9 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--repeat", type=int, default=5, help="timed runs per module (median reported)")
     run.add_argument("--no-combine", action="store_true", help="skip the combiner passes")
     run.add_argument("--combine-as", choices=["stack", "concat"], default="stack",
-                     help="equal-width matmul branches become one batched matmul over stacked weights (stack, the "
-                          "default: the passes' to_batch) or one GEMM over concatenated weights (concat); other "
-                          "branches always concatenate")
+                     help="matmul branches of one width on one input become one batched matmul over stacked "
+                          "weights (stack, the default, as the passes' to_batch=True) or one GEMM over "
+                          "concatenated weights (concat); other groups always concatenate")
     run.add_argument("--tune", type=int, default=None, metavar="TRIALS",
                      help="tune every module with MetaSchedule, TRIALS per task (Relax); records are kept and reused")
     run.add_argument("--tune-dir", default=None, metavar="DIR",

@@ -19,6 +19,11 @@ from typing import Protocol
 from .graph import Contract, Dim, Graph, Node, Reachability, RootInfo, bitset, plan_without_cycles
 from .kernel_alignment import KernelAlignment, align_kernels
 
+#: Stacking is the default: on llvm a stacked matmul runs as fast as the separate ones or faster,
+#: where one GEMM over concatenated weights runs slower once tuned (its wider row is a search of its
+#: own); on cuda the two forms run alike (docs/benchmarks.md).
+DEFAULT_TO_BATCH = True
+
 
 @dataclass(frozen=True)
 class CombineOptions:
@@ -26,15 +31,15 @@ class CombineOptions:
 
     ``max_branches`` caps how many branches one combined op covers, ``max_combined_bytes`` caps
     the size of its concatenated weight; a group that would exceed either is cut into several
-    combined ops. ``None`` means unlimited. ``to_batch`` stacks branches of equal shapes into one
-    batched matmul (the shared input is broadcast, never copied) instead of concatenating them;
-    branches whose width no sibling shares concatenate as usual.
+    combined ops. ``None`` means unlimited. ``to_batch`` (the default) stacks branches of one
+    shape into one batched matmul (the shared input is broadcast, never copied) instead of
+    concatenating them; branches of several widths on one input concatenate, all of them.
     """
 
     min_num_branches: int = 2
     max_branches: int | None = None
     max_combined_bytes: int | None = None
-    to_batch: bool = False
+    to_batch: bool = DEFAULT_TO_BATCH
 
     def __post_init__(self) -> None:
         for name in ("min_num_branches", "max_branches", "max_combined_bytes"):
@@ -313,12 +318,17 @@ class _Planner:
     def run(self) -> list[CombinePlan]:
         stacks, buckets, weight_buckets = self._buckets()
         plans: list[CombinePlan] = []
+        widths: dict[tuple, set[int]] = {}
+        for value, key, width in stacks:
+            widths.setdefault((value, key), set()).add(width)
         for (value, key, _), roots in stacks.items():
-            if len(roots) >= self.options.min_num_branches:
+            # Branches of several widths on one input concatenate, all of them: one op, where
+            # stacking would leave one op per width.
+            if len(roots) >= self.options.min_num_branches and len(widths[value, key]) == 1:
                 roots.sort()
                 plans.extend(self._plans_for_bucket(roots, _STACK_SHARED_INPUT))
-            # What did not stack (a width no sibling shares, or left over by a limit or a dependency)
-            # concatenates with the other leftovers now: a second run would find it there otherwise.
+            # What did not stack (several widths, or left over by a limit or a dependency) concatenates
+            # with the other leftovers now: a second run would find it there otherwise.
             leftovers = [r for r in roots if r not in self.taken]
             buckets.setdefault((value, key), []).extend(leftovers)
         for roots in buckets.values():

@@ -8,7 +8,7 @@ import inspect
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from .branch_grouping import CombineOptions, CombinePlan, plan_combinations
+from .branch_grouping import DEFAULT_TO_BATCH, CombineOptions, CombinePlan, plan_combinations
 from .candidate import CombineCandidate, candidate_of
 from .graph import Graph
 
@@ -55,7 +55,7 @@ class CombineSettings:
 
     def __init__(self, pass_name: str, min_num_branches: int, max_branches: int | None,
                  max_combined_bytes: int | None, check: Check | None, on_combine: Report | None,
-                 to_batch: bool = False, tvm_check: TVMCheck | None = None) -> None:
+                 to_batch: bool = DEFAULT_TO_BATCH, tvm_check: TVMCheck | None = None) -> None:
         for label, fn in (("check", check), ("on_combine", on_combine), ("check", tvm_check)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{pass_name}: {label} must be callable or None, got {type(fn).__name__}")
@@ -147,16 +147,17 @@ OPTIONS_DOC = """
     max_branches : int, optional
         Most branches per combined op; larger groups are cut into several.
     max_combined_bytes : int, optional
-        Largest concatenated weight, in bytes, like XLA's combiner thresholds.
+        Largest combined weight, in bytes, like XLA's combiner thresholds.
     check : callable, optional (keyword)
         ``check(candidate) -> bool``; returning False vetoes that group.
     on_combine : callable, optional
         Called with every group that is combined (for reports and logging).
     to_batch : bool
-        Stack branches of equal static widths into one batched matmul (the shared input is
-        broadcast, not copied) instead of concatenating weights. Applies to matmuls with 2-D
-        weights (Relax: inputs of any rank >= 2; Relay: 2-D inputs) and batch_matmul of batch 1;
-        every other branch (convolutions, symbolic or unshared widths) concatenates as usual.
+        True (the default): branches of one static width on one input stack into one batched
+        matmul (the shared input is broadcast, not copied); False: one op over concatenated
+        weights. Stacking applies to matmuls with 2-D weights (Relax: inputs of any rank >= 2;
+        Relay: 2-D inputs) and batch_matmul of batch 1; every other group (several widths on one
+        input, convolutions, symbolic widths) concatenates either way.
 
     Returns
     -------
@@ -169,7 +170,7 @@ def pass_factory(name: str, summary: str, build: Callable[[CombineSettings], Any
 
     def factory(tvm_check: TVMCheck | None = None, /, *, min_num_branches: int = 2, max_branches: int | None = None,
                 max_combined_bytes: int | None = None, check: Check | None = None, on_combine: Report | None = None,
-                to_batch: bool = False) -> Any:
+                to_batch: bool = DEFAULT_TO_BATCH) -> Any:
         return build(CombineSettings(name, min_num_branches, max_branches, max_combined_bytes, check, on_combine,
                                      to_batch, tvm_check))
 

@@ -77,9 +77,9 @@ def run_job(model_path: str | None = None, target: str = "llvm", ir: str | None 
     compiling; tasks already in the database under ``tune_dir`` are reused, not tuned again.
     ``tune_tasks="gemm"`` tunes only the GEMM and convolution tasks, leaving the rest to the
     default schedules (dlight on cuda, where tuning all at a small budget lost to them; ours on llvm).
-    ``stack`` runs the combiners with ``to_batch``: equal-width matmul branches become one batched
-    matmul, so each branch keeps its own weight layout and kernel shape (on CPU, tuned, one wide
-    GEMM over concatenated weights is slower than the baseline on BERT-base; stacked, it is not).
+    ``stack`` is the passes' ``to_batch``: matmul branches of one width on one input become one
+    batched matmul, so each branch keeps its own weight layout and kernel shape (on CPU, tuned, one
+    wide GEMM over concatenated weights is slower than the baseline on BERT-base; stacked, it is not).
     """
     options = JobOptions(model_path, target, ir, batch, seq, combine, repeat, tune, tune_dir, stack, tune_tasks,
                          dict(input_shapes or {}), inputs)
