@@ -436,7 +436,7 @@ def test_a_changed_result_is_never_reported_as_success(capsys, tmp_path, monkeyp
 @pytest.mark.parametrize("argv,line", [
     (["run", "x.onnx", "--batch", "x"], "run: argument --batch: invalid int value: 'x'"),
     (["run", "x.onnx", "--target", "rocm"], "run: argument --target: invalid choice: 'rocm' (choose from 'llvm', 'cuda')"),
-    (["launch", "--example", "dp-train"], "launch: the following arguments are required: -n/--np"),
+    (["launch", "-n", "x"], "launch: argument -n/--np: invalid int value: 'x'"),
     ([], "the following arguments are required: {run,launch}"),
 ])
 @pytest.mark.parametrize("as_json", [False, True])
@@ -483,12 +483,22 @@ def test_usage_error_from_the_console_script():
     assert json.loads(proc.stdout)["error"]["message"] == "run: argument --batch: invalid int value: 'x'"
 
 
+@pytest.mark.parametrize("as_json", [False, True])
+def test_launch_without_ranks_or_hosts_is_one_line(capsys, as_json):
+    line = "launch: give the number of ranks (-n N), or hosts whose slots make it"
+    assert main(["launch", "--example", "dp-train"] + (["--json"] if as_json else [])) == 2
+    out, err = capsys.readouterr()
+    assert err == f"{ERROR}{line}\n"
+    if as_json:
+        assert json.loads(out) == {"ok": False, "error": {"file": None, "stage": "setup", "message": line,
+                                                          "bad_input": True, "exit_code": 2}}
+
+
 def test_json_after_the_command_is_the_commands(capsys):
     # `launch` without -n: the --json after '--' belongs to the command, stdout stays empty
-    with pytest.raises(SystemExit):
-        main(["launch", "--", "python", "prog.py", "--json"])
+    assert main(["launch", "--", "python", "prog.py", "--json"]) == 2
     out, err = capsys.readouterr()
-    assert out == "" and err == f"{ERROR}launch: the following arguments are required: -n/--np\n"
+    assert out == "" and err == f"{ERROR}launch: give the number of ranks (-n N), or hosts whose slots make it\n"
 
 
 @pytest.mark.parametrize("example,ranks,options,rule", [

@@ -153,6 +153,7 @@ def _load_launch() -> tuple[Callable[[argparse.ArgumentParser], None], Callable[
                             help="with --example: the job's report as one JSON document on stdout")
 
     def check(args: argparse.Namespace) -> None:
+        launch.resolve(args)
         launch.check_job(args.np, args.timeout)
         launch.find_mpiexec()
 
@@ -174,7 +175,7 @@ def _launch(args: argparse.Namespace, run_job: Callable[[argparse.Namespace], in
     if extra and not extra[0].startswith("-"):
         return _setup_error(args, f"launch: --example {args.example} runs the example itself: after '--' give only "
                                   f"its options (e.g. -- --help), not a command ({extra[0]!r})")
-    if args.np < 1:
+    if args.np is not None and args.np < 1:
         return _setup_error(args, f"launch: -n must be a positive number of ranks, got {args.np}")
     try:  # the launcher's own options too, before the job (its failure would read as the job's)
         check_job(args)

@@ -10,6 +10,11 @@ the job still alive gets SIGKILL.  Each rank's stderr goes to its own file (mpie
 that raised is named with its error.  Each rank's stdout goes to a file of its own too and is copied
 to our stdout whole line by whole line, prefixed ``[rank R]`` where there are several ranks: two
 ranks' lines never run together.
+
+Across hosts (``hosts=``: MPICH hydra's ``host:slots`` list, or a hostfile), mpiexec starts each host's
+ranks through its remote shell (ssh, or ``launcher_exec``); the job's folder then lives in the current
+directory, which every host must see (``job_dir`` names another), and every message names the rank's
+host.
 """
 
 from __future__ import annotations
@@ -33,13 +38,67 @@ from typing import Any
 
 from ...compile.host import on_start_cores, usable_cores
 from ...errors import install_line
-from .rank_main import ABORT_PREFIX, LOST_ERROR_PREFIX, MARKER_DIR
+from .rank_main import ABORT_PREFIX, HOST_MARKER, LOST_ERROR_PREFIX, MARKER_DIR
 
 DEFAULT_TIMEOUT = 300.0
 PREFIX = "tvm-combiners launch"
 # interpreter options that take a value, kept before rank_main.py
 _PY_VALUE_OPTS = {"-W", "-X", "--check-hash-based-pycs"}
 _PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
+
+
+Hosts = list[tuple[str, int]]
+_HOST = re.compile(r"[A-Za-z0-9_.\-]+")
+
+
+def _host_entry(text: str, where: str) -> tuple[str, int]:
+    name, _, slots = text.strip().partition(":")
+    if not _HOST.fullmatch(name):
+        raise ValueError(f"{PREFIX}: {where}: {text.strip()!r} is not a host name (letters, digits, '.', '-', '_')")
+    if not slots:
+        return name, 1
+    if not slots.isdigit() or int(slots) < 1:
+        raise ValueError(f"{PREFIX}: {where}: host {name!r} has {slots!r} slots: give a positive whole number")
+    return name, int(slots)
+
+
+def parse_hosts(spec: str) -> Hosts:
+    """``"h1:2,h2:2"`` (hydra's ``-hosts`` form; a host without ``:N`` has one slot) -> ``[("h1", 2), ("h2", 2)]``."""
+    entries = [e for e in spec.split(",") if e.strip()]
+    if not entries:
+        raise ValueError(f"{PREFIX}: --hosts {spec!r} names no host: give e.g. node1:2,node2:2")
+    return _unique([_host_entry(e, f"--hosts {spec!r}") for e in entries], f"--hosts {spec!r}")
+
+
+def read_hostfile(path: str | os.PathLike) -> Hosts:
+    """A hydra hostfile: one ``host[:slots]`` a line; ``#`` starts a comment."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as err:
+        raise ValueError(f"{PREFIX}: hostfile {str(path)!r}: {err.strerror or err}") from None
+    hosts = [_host_entry(text, f"hostfile {str(path)!r} line {i}")
+             for i, line in enumerate(lines, 1) if (text := line.split("#", 1)[0].strip())]
+    if not hosts:
+        raise ValueError(f"{PREFIX}: hostfile {str(path)!r} names no host")
+    return _unique(hosts, f"hostfile {str(path)!r}")
+
+
+def _unique(hosts: Hosts, where: str) -> Hosts:
+    names = [h for h, _ in hosts]
+    twice = sorted({h for h in names if names.count(h) > 1})
+    if twice:
+        raise ValueError(f"{PREFIX}: {where} names {', '.join(twice)} twice: give each host once, with its slots")
+    return hosts
+
+
+def host_of_rank(hosts: Hosts, rank: int) -> str:
+    """The host hydra places ``rank`` on: each host's slots filled in turn, round and round."""
+    slot = rank % sum(n for _, n in hosts)
+    for name, n in hosts:
+        if slot < n:
+            return name
+        slot -= n
+    raise AssertionError("unreachable")
 
 
 def find_mpiexec() -> str:
@@ -281,18 +340,23 @@ def _program_ends(folder: Path, n: int) -> dict[int, int]:
     return {r: int(code) for r, code in _markers(folder, "done", n).items() if code.lstrip("-").isdigit()}
 
 
-def _ranks(ranks: list[int]) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+def _ranks(ranks: list[int], hosts: dict[int, str] | None = None) -> str:
+    """``rank 1``, ``ranks 0, 2``; with ``hosts`` (rank -> host): ``rank 1 on node0``, ``ranks 0 (node0), 2 (node1)``."""
+    if not hosts:
+        return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+    if len(ranks) == 1:
+        return f"rank {ranks[0]} on {hosts.get(ranks[0], '?')}"
+    return "ranks " + ", ".join(f"{r} ({hosts.get(r, '?')})" for r in ranks)
 
 
-def _left_early(ends: dict[int, int], n: int) -> tuple[str, str] | None:
+def _left_early(ends: dict[int, int], n: int, hosts: dict[int, str] | None = None) -> tuple[str, str] | None:
     """('rank 1 ended its program, exit code 0, while rank 0 had not', 'rank 0'): only some ranks ended theirs."""
     running = [r for r in range(n) if r not in ends]
     if not ends or not running:
         return None
     codes = ", ".join(map(str, sorted(set(ends.values()))))
-    return (f"{_ranks(sorted(ends))} ended {'its' if len(ends) == 1 else 'their'} program, exit code {codes}, "
-            f"while {_ranks(running)} had not", _ranks(running))
+    return (f"{_ranks(sorted(ends), hosts)} ended {'its' if len(ends) == 1 else 'their'} program, exit code "
+            f"{codes}, while {_ranks(running, hosts)} had not", _ranks(running, hosts))
 
 
 def _job_processes(folder: str) -> list[int]:
@@ -371,7 +435,7 @@ def _signal_hint(code: int) -> str:
 
 
 @contextlib.contextmanager
-def _terminate_as_interrupt() -> Iterator[None]:
+def terminate_as_interrupt() -> Iterator[None]:
     """SIGTERM and SIGHUP raise KeyboardInterrupt while the job runs, so the ranks (in a session of
     their own, where a terminal's or a batch system's signal does not reach) are killed too."""
     if threading.current_thread() is not threading.main_thread():
@@ -407,6 +471,26 @@ def rank_environment(n: int, environ: dict[str, str] | None = None) -> dict[str,
     return env
 
 
+def job_hosts(hosts: Hosts | str | None = None, hostfile: str | os.PathLike | None = None) -> Hosts | None:
+    """The hosts of a job from ``hosts`` (a list, or ``"h1:2,h2:2"``) or a ``hostfile``; None: this machine."""
+    if hosts is not None and hostfile is not None:
+        raise ValueError(f"{PREFIX}: give the hosts once: --hosts or --hostfile, not both")
+    if hostfile is not None:
+        return read_hostfile(hostfile)
+    if isinstance(hosts, str):
+        return parse_hosts(hosts)
+    return None if hosts is None else _unique([_host_entry(f"{h}:{k}", "hosts") for h, k in hosts], "hosts")
+
+
+def job_size(n: int | None, hosts: Hosts | None) -> int:
+    """``n``, or every slot of ``hosts`` where ``n`` is None."""
+    if n is None:
+        if hosts is None:
+            raise ValueError(f"{PREFIX}: give the number of ranks (-n N), or hosts whose slots make it")
+        return sum(k for _, k in hosts)
+    return n
+
+
 def check_job(n: int, timeout: float | None) -> float:
     """The job's timeout in seconds, once ``n`` and ``timeout`` are known to be usable (ValueError else)."""
     if not isinstance(n, int) or n < 1:
@@ -417,7 +501,9 @@ def check_job(n: int, timeout: float | None) -> float:
     return timeout
 
 
-def launch(n: int, argv: list[str], timeout: float | None = None, prefix: bool | None = None) -> int:
+def launch(n: int | None, argv: list[str], timeout: float | None = None, prefix: bool | None = None,
+           hosts: Hosts | str | None = None, hostfile: str | os.PathLike | None = None,
+           launcher_exec: str | None = None, job_dir: str | os.PathLike | None = None) -> int:
     """Run ``argv`` on ``n`` ranks; return its exit code (124 after a timeout), naming failed ranks.
 
     Each rank's stdout reaches ours whole line by whole line, prefixed ``[rank R]`` where ``prefix``
@@ -427,8 +513,18 @@ def launch(n: int, argv: list[str], timeout: float | None = None, prefix: bool |
     ``timeout`` (seconds, default 300) bounds the whole job: past it every rank is killed. So does
     Ctrl-C, or a SIGTERM or SIGHUP to this process (in the main thread): the ranks are killed and
     ``KeyboardInterrupt`` (its message names the signal) propagates.
+
+    ``hosts`` (``"h1:2,h2:2"`` or ``[("h1", 2), ("h2", 2)]``) or ``hostfile`` (hydra's format) run the
+    ranks on those hosts, each host's slots filled in turn (``n`` None: every slot), started through
+    ssh or the program ``launcher_exec`` (called as ssh is: options, the host, the command). The job's
+    folder (the ranks' output and markers) is made in ``job_dir``, by default the current directory
+    when there are hosts (every host must see it), else the system's temporary folder.
     """
+    hosts = job_hosts(hosts, hostfile)
+    n = job_size(n, hosts)
     timeout = check_job(n, timeout)
+    if launcher_exec is not None and shutil.which(launcher_exec) is None:
+        raise ValueError(f"{PREFIX}: launcher {launcher_exec!r} is not an executable path, nor on PATH")
     argv = list(argv)
     if argv and argv[0] == "--":
         argv = argv[1:]
@@ -445,9 +541,18 @@ def launch(n: int, argv: list[str], timeout: float | None = None, prefix: bool |
     if marked and importlib.util.find_spec("mpi4py") is None:  # every rank would fail to start, each in turn
         raise FileNotFoundError(f"{PREFIX}: python ranks run under mpi4py, which is not installed: "
                                 f"{install_line('mpi', ['mpi4py', 'mpich'])}")
-    with tempfile.TemporaryDirectory(prefix="tvm-combiners-launch-") as folder:
-        cmd = [mpiexec, "-n", str(n), "-errfile-pattern", f"{folder}/rank.%r", "-outfile-pattern", f"{folder}/out.%r",
-               *command]
+    where = job_dir if job_dir is not None else os.getcwd() if hosts else None
+    if where is not None and not os.access(where, os.W_OK | os.X_OK):
+        raise ValueError(f"{PREFIX}: the job's folder goes in {str(where)!r}, which is not a writable directory"
+                         + ("" if job_dir is not None else ": run from one every host sees, or give --job-dir"))
+    on_hosts = [] if hosts is None else ["-hosts", ",".join(f"{h}:{k}" for h, k in hosts)]
+    if launcher_exec is not None:
+        on_hosts += ["-launcher", "ssh", "-launcher-exec", shutil.which(launcher_exec) or launcher_exec]
+    per_host = n if hosts is None else max(sum(1 for r in range(n) if host_of_rank(hosts, r) == h) for h, _ in hosts)
+    with tempfile.TemporaryDirectory(prefix=".tvm-combiners-launch-" if hosts else "tvm-combiners-launch-",
+                                     dir=where) as folder:
+        cmd = [mpiexec, "-n", str(n), *on_hosts, "-errfile-pattern", f"{folder}/rank.%r",
+               "-outfile-pattern", f"{folder}/out.%r", *command]
         tail = _Tail(Path(folder), n)
         tail.start()
         out_tail = _Tail(Path(folder), n, "out", "stdout", prefix=n > 1 if prefix is None else prefix)
@@ -455,8 +560,8 @@ def launch(n: int, argv: list[str], timeout: float | None = None, prefix: bool |
         start = time.monotonic()
         timed_out, proc, killed, stdout = False, None, 0, None
         try:
-            with _terminate_as_interrupt():
-                env = {**rank_environment(n), MARKER_DIR: folder}
+            with terminate_as_interrupt():
+                env = {**rank_environment(per_host), MARKER_DIR: folder}
                 with on_start_cores():  # ranks forked from a thread TVM's pool pinned would all run on its core
                     proc = subprocess.Popen(cmd, start_new_session=True, env=env, stdout=subprocess.PIPE)
                 stdout = _Stdout(proc.stdout)
@@ -482,18 +587,22 @@ def launch(n: int, argv: list[str], timeout: float | None = None, prefix: bool |
         recorded = _markers(Path(folder), "error", n) if marked else {}
         waiting = _markers(Path(folder), "waiting", n) if marked else {}
         pids = {int(pid): r for r, pid in _markers(Path(folder), "pid", n).items() if pid.isdigit()}
-        early = _left_early(ends, n) if marked else None
+        on = None if hosts is None else {r: host_of_rank(hosts, r) for r in range(n)}
+        unseen = [] if on is None or not marked else [r for r in range(n) if r not in pids.values()]
+        if on is not None and marked:
+            on.update(_markers(Path(folder), HOST_MARKER, n))
+        early = _left_early(ends, n, on) if marked else None
     elapsed = time.monotonic() - start
     failed = [(r, err) for r, err in ((r, rank_error(t, recorded.get(r), marked)) for r, t in enumerate(texts))
               if err]
     if code == 0 and not timed_out and not early:
         failed = []  # a traceback a rank printed and handled: the job succeeded
     for r, err in failed:
-        print(f"{PREFIX}: rank {r} failed: {err}", file=sys.stderr)
+        print(f"{PREFIX}: {_ranks([r], on)} failed: {err}", file=sys.stderr)
     if timed_out:
         ended = f"every rank ended its program, exit code {', '.join(map(str, sorted(set(ends.values()))))}"
         why = (f"{early[0]}: did {early[1]} wait in a collective or recv that the others left without?" if early
-               else f"{ended}, but " + "; ".join(f"rank {r} waited at exit for {text}" for r, text in
+               else f"{ended}, but " + "; ".join(f"{_ranks([r], on)} waited at exit for {text}" for r, text in
                                                  sorted(waiting.items())) + ": did a recv never come?"
                if len(ends) == n and waiting
                else f"{ended}, but mpiexec waited on: a process a rank started and left running holds the job's "
@@ -504,7 +613,8 @@ def launch(n: int, argv: list[str], timeout: float | None = None, prefix: bool |
         print(f"{PREFIX}: timed out after {timeout:g} s: killed all {n} ranks{also} ({why})", file=sys.stderr)
     elif code != 0 and not failed and stdout.pid in pids:
         oom = "; the kernel's out-of-memory killer sends SIGKILL" if "signal 9)" in stdout.exit_string else ""
-        print(f"{PREFIX}: rank {pids[stdout.pid]} failed: it ended without an error of its own after {elapsed:.1f} s "
+        print(f"{PREFIX}: {_ranks([pids[stdout.pid]], on)} failed: it ended without an error of its own after "
+              f"{elapsed:.1f} s "
               f"(mpiexec: {stdout.exit_string or f'exit code {code}'}{oom})", file=sys.stderr)
     elif code != 0 and not failed:
         print(f"{PREFIX}: the job exited with code {code} after {elapsed:.1f} s (no rank reported an error"
@@ -513,13 +623,26 @@ def launch(n: int, argv: list[str], timeout: float | None = None, prefix: bool |
         print(f"{PREFIX}: the job did not finish: {early[0]}; mpiexec stopped {early[1]} and exited 0 "
               "(did a rank leave with os._exit or sys.exit before its peers were done?)", file=sys.stderr)
         code = 1
+    if code != 0 and unseen and on is not None:
+        print(f"{PREFIX}: {_ranks(unseen, on)} left nothing in the job's folder {folder}: did "
+              f"{'it' if len(unseen) == 1 else 'they'} start, and does every host see that folder (--job-dir)?",
+              file=sys.stderr)
     sys.stderr.flush()
     return code
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``-n/--np N [--timeout S] -- command ...`` (for ``tvm-combiners launch``)."""
-    parser.add_argument("-n", "--np", dest="np", type=int, required=True, metavar="N", help="number of ranks")
+    """``-n/--np N [--hosts H:N,...|--hostfile F] [--timeout S] -- command ...`` (for ``tvm-combiners launch``)."""
+    parser.add_argument("-n", "--np", dest="np", type=int, default=None, metavar="N",
+                        help="number of ranks (default with --hosts/--hostfile: every slot)")
+    parser.add_argument("--hosts", default=None, metavar="H:N,...",
+                        help="run on these hosts, N ranks a host (hydra's -hosts form), started over ssh")
+    parser.add_argument("--hostfile", default=None, metavar="FILE", help="the hosts, one host[:N] a line")
+    parser.add_argument("--launcher-exec", default=None, metavar="PROG",
+                        help="start the ranks of other hosts with PROG instead of ssh (called as ssh is)")
+    parser.add_argument("--job-dir", default=None, metavar="DIR",
+                        help="where the job's folder goes (default: the current directory with hosts, which "
+                             "every host must see; else the temporary folder)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
                         help=f"seconds before every rank is killed (default {DEFAULT_TIMEOUT:g})")
     parser.add_argument("--no-prefix", action="store_true",
@@ -529,10 +652,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the command after '--'; python programs run as under python -m mpi4py")
 
 
+def resolve(args: argparse.Namespace) -> None:
+    """Parsed ``launch`` arguments made whole: ``args.hosts`` a host list, ``args.np`` the number of
+    ranks (every slot where -n is not given). ValueError names what is wrong."""
+    args.hosts = job_hosts(args.hosts, args.hostfile)
+    args.hostfile = None
+    args.np = job_size(args.np, args.hosts)
+
+
 def main(args: argparse.Namespace) -> int:
     """Run the parsed ``launch`` arguments; 2 on a usage error, else the job's exit code."""
     try:
-        return launch(args.np, args.argv, timeout=args.timeout, prefix=False if args.no_prefix else None)
+        resolve(args)
+        return launch(args.np, args.argv, timeout=args.timeout, prefix=False if args.no_prefix else None,
+                      hosts=args.hosts, launcher_exec=args.launcher_exec, job_dir=args.job_dir)
     except (ValueError, FileNotFoundError) as err:
         # as the CLI's other usage errors (and argparse's own for launch) read
         print(f"tvm-combiners: error: launch: {str(err).removeprefix(PREFIX + ': ')}", file=sys.stderr)

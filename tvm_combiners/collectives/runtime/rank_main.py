@@ -8,8 +8,9 @@ one was stopped, and launch says so.  A rank that replaces itself with ``os.exec
 (it counts as stopped); a forked child (multiprocessing's workers leave through ``os._exit``) marks
 nothing for its parent.
 
-Each rank also writes its pid to ``pid.<rank>`` (mpiexec names a rank it saw killed by its pid),
-and what it waits for after its program ended to ``waiting.<rank>`` (the runtime's sends at exit).
+Each rank also writes its pid to ``pid.<rank>`` (mpiexec names a rank it saw killed by its pid), its
+host's name to ``host.<rank>``, and what it waits for after its program ended to ``waiting.<rank>``
+(the runtime's sends at exit).
 The reason a rank fails (its uncaught exception, or the runtime's reason to abort) is also written to
 ``error.<rank>`` there: MPI_Abort tears the job down while mpiexec may still hold the rank's last
 stderr lines, and under load those lines can be lost.
@@ -20,6 +21,7 @@ library for that reason.
 """
 
 import os
+import socket
 import sys
 import traceback
 
@@ -29,6 +31,7 @@ MARKER_DIR = "TVM_COMBINERS_LAUNCH_DIR"  # launch's folder, set by launch for th
 LOST_ERROR_PREFIX = "tvm_combiners: a runtime function raised "
 #: How the runtime says why it aborts the job (MPI's own abort line says only that it was called).
 ABORT_PREFIX = "tvm_combiners: aborting the job: "
+HOST_MARKER = "host"  # the marker holding the rank's host name
 _RANK_PID = os.getpid()  # the rank itself, not a child forked from it
 
 
@@ -105,6 +108,7 @@ def main() -> None:
 
     os._exit = _marking_exit(os._exit)
     _write_marker("pid", f"{os.getpid()}\n")  # mpiexec names a killed rank by its pid only
+    _write_marker(HOST_MARKER, f"{socket.gethostname()}\n")
     try:
         run.main()
     except SystemExit as exc:

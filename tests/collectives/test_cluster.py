@@ -1,0 +1,145 @@
+"""launch across hosts: hosts and hostfiles, and whole jobs on a simulated cluster of 2 nodes x 2 ranks.
+
+The cluster (``tvm_combiners.collectives.testing``) is two network namespaces with hostnames of
+their own, so MPICH places ranks on two hosts and talks TCP between them; it needs root and ``ip``,
+and its tests skip naming what is missing. Every test checks every rank's result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_ops_multirank import check_ranks
+
+from tvm_combiners.collectives.runtime.launch import host_of_rank, job_hosts, parse_hosts, read_hostfile
+from tvm_combiners.collectives.testing import ClusterUnavailable, SimulatedCluster
+
+PROGS = Path(__file__).parent / "progs"
+TIMEOUT_S = 300
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    try:
+        with SimulatedCluster(nodes=2) as made:
+            yield made
+    except ClusterUnavailable as err:
+        pytest.skip(str(err))
+
+
+def _run(cluster: SimulatedCluster, argv: list[str], ranks_per_node: int = 2, timeout: float = TIMEOUT_S):
+    cmd = cluster.launch_command(argv, ranks_per_node, timeout)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 60)
+
+
+def test_hosts_and_hostfiles_are_read_as_hydra_reads_them(tmp_path: Path) -> None:
+    assert parse_hosts("a:2,b:2") == [("a", 2), ("b", 2)]
+    assert parse_hosts("a, b:3") == [("a", 1), ("b", 3)]
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# the cluster\nnode-1:2\n\nnode-2   # one slot\n")
+    assert read_hostfile(hostfile) == [("node-1", 2), ("node-2", 1)]
+    hosts = [("a", 2), ("b", 1)]
+    assert [host_of_rank(hosts, r) for r in range(5)] == ["a", "a", "b", "a", "a"]
+    for spec, error in (("a:0", "host 'a' has '0' slots: give a positive whole number"),
+                        ("a:x", "host 'a' has 'x' slots"), ("a b:2", "'a b:2' is not a host name"),
+                        ("a,b,a:2", "names a twice"), (",", "names no host")):
+        with pytest.raises(ValueError, match=error):
+            parse_hosts(spec)
+    hostfile.write_text("a\nb c\n")
+    with pytest.raises(ValueError, match=f"hostfile '{hostfile}' line 2: 'b c' is not a host name"):
+        read_hostfile(hostfile)
+    with pytest.raises(ValueError, match="--hosts or --hostfile, not both"):
+        job_hosts("a", hostfile)
+    with pytest.raises(ValueError, match="No such file"):
+        read_hostfile(tmp_path / "missing")
+
+
+def test_launch_usage_errors_name_the_host_option(tmp_path: Path) -> None:
+    def launch(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "tvm_combiners.app.cli", "launch", *args, "--", "true"],
+                              capture_output=True, text=True, timeout=60)
+
+    for args, line in ((["--hosts", "a:0"], "launch: --hosts 'a:0': host 'a' has '0' slots: give a positive whole number"),
+                       ([], "launch: give the number of ranks (-n N), or hosts whose slots make it"),
+                       (["--hosts", "a", "--launcher-exec", str(tmp_path / "none")],
+                        f"launch: launcher '{tmp_path / 'none'}' is not an executable path, nor on PATH"),
+                       (["--hosts", "a", "--job-dir", str(tmp_path / "none")],
+                        f"launch: the job's folder goes in '{tmp_path / 'none'}', which is not a writable directory")):
+        proc = launch(*args)
+        assert proc.returncode == 2 and proc.stderr.strip() == f"tvm-combiners: error: {line}", (args, proc.stderr)
+
+
+def test_ranks_run_on_both_nodes_with_their_local_ranks(cluster: SimulatedCluster, tmp_path: Path) -> None:
+    prog = tmp_path / "where.py"
+    prog.write_text("import socket\nfrom mpi4py import MPI\nfrom tvm_combiners.compile.host import local_rank\n"
+                    "c = MPI.COMM_WORLD\n"
+                    "print(c.rank, socket.gethostname(), local_rank(), c.allreduce(c.rank + 1), flush=True)\n")
+    proc = _run(cluster, [sys.executable, str(prog)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = sorted(proc.stdout.splitlines())
+    assert lines == [f"[rank {r}] {r} node{r // 2} {r % 2} 10" for r in range(4)], proc.stdout
+
+
+def test_every_collective_on_two_nodes_relax(cluster: SimulatedCluster, tmp_path: Path) -> None:
+    proc = _run(cluster, [sys.executable, "-m", "tvm_combiners.collectives.selfcheck", "--ir", "relax",
+                          "--out", str(tmp_path)])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    check_ranks(4, tmp_path, ("",), allreduce_runs=1)
+
+
+def test_combiners_keep_results_on_two_nodes_relax(cluster: SimulatedCluster, tmp_path: Path) -> None:
+    proc = _run(cluster, [sys.executable, str(PROGS / "combiners_relax_prog.py"), str(tmp_path)])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    assert [r["world_size"] for r in reports] == [4] * 4
+    assert len({r["checks"] for r in reports}) == 1 and reports[0]["checks"] > 150
+
+
+def test_a_rank_that_dies_on_the_second_node_ends_the_job_naming_host_and_rank(cluster: SimulatedCluster,
+                                                                                tmp_path: Path) -> None:
+    prog = tmp_path / "dies.py"
+    prog.write_text("from mpi4py import MPI\nc = MPI.COMM_WORLD\n"
+                    "if c.rank == 3:\n    raise RuntimeError('rank 3 gives up')\nc.allreduce(1)\n")
+    proc = _run(cluster, [sys.executable, str(prog)], timeout=120)
+    assert proc.returncode != 0
+    assert "tvm-combiners launch: rank 3 on node1 failed: RuntimeError: rank 3 gives up" in proc.stderr, proc.stderr
+
+
+def test_a_hung_rank_on_the_second_node_is_killed_with_every_other(cluster: SimulatedCluster, tmp_path: Path) -> None:
+    prog = tmp_path / "hangs.py"
+    prog.write_text("import time\nfrom mpi4py import MPI\nc = MPI.COMM_WORLD\n"
+                    "if c.rank == 2:\n    time.sleep(3600)\nc.allreduce(1)\n")
+    proc = _run(cluster, [sys.executable, str(prog)], timeout=20)
+    assert proc.returncode == 124, proc.stderr[-3000:]
+    assert "timed out after 20 s: killed all 4 ranks" in proc.stderr
+    left = [pid for pid in os.listdir("/proc") if pid.isdigit() and str(prog).encode() in
+            _cmdline(pid)]
+    assert left == []
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def test_the_cluster_limits_bandwidth_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    try:
+        with SimulatedCluster(nodes=2, rate="100mbit") as made:
+            shown = subprocess.run(["ip", "netns", "exec", made.namespaces[1], "tc", "qdisc", "show", "dev", "eth0"],
+                                   capture_output=True, text=True, timeout=30).stdout
+            assert "tbf" in shown and "100Mbit" in shown, shown
+            hostname = subprocess.run(made.on_node(1, ["hostname"]), capture_output=True, text=True, timeout=30)
+            assert hostname.stdout.strip() == "node1"
+            assert made.leftovers()
+    except ClusterUnavailable as err:
+        pytest.skip(str(err))
+    assert made.leftovers() == []
+    with pytest.raises(ValueError, match="rate '1 gbit' is not a tc rate"):
+        SimulatedCluster(rate="1 gbit")

@@ -1,0 +1,5 @@
+"""Test and benchmark aids for the collectives: a simulated cluster of network namespaces."""
+
+from .cluster import ClusterUnavailable, SimulatedCluster
+
+__all__ = ["ClusterUnavailable", "SimulatedCluster"]

@@ -1,0 +1,240 @@
+"""A cluster of N hosts on one machine: network namespaces with hostnames of their own, one bridge.
+
+    python -m tvm_combiners.collectives.testing --nodes 2 --ranks-per-node 2 [--rate 1gbit] \\
+        -- python prog.py
+
+Each node is a network namespace (``<id>-node<i>``) holding one end of a veth pair whose other end
+is on a bridge of the cluster's own; node ``i`` has the address ``10.213.0.<10+i>`` there, and
+``nodeI`` resolves to it inside every node (``ip netns exec`` puts ``/etc/netns/<namespace>/hosts``
+over ``/etc/hosts``). Commands run on a node in a UTS namespace named after it, so MPICH sees hosts
+of their own and talks TCP between them, as across machines. ``rate`` limits each node's egress
+with ``tc``'s token bucket (``tbf``). ``launch`` reaches the nodes through :attr:`launcher`, a script
+called as ssh is.
+
+The cluster touches only what it creates: its namespaces, veths, bridge and ``/etc/netns`` entries,
+named after the process that made them, and removed when it ends (also on an error, Ctrl-C or
+SIGTERM); a cluster whose process died is removed by the next one. It needs root and iproute2's
+``ip`` with util-linux's ``unshare``; where they are missing :class:`ClusterUnavailable` says which.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+from ..runtime.launch import terminate_as_interrupt
+
+PREFIX = "tvc"  # every name the cluster gives starts with it, then the owner's pid
+SUBNET = "10.213.0"
+NETNS_ETC = Path("/etc/netns")
+_OWNED = re.compile(rf"{PREFIX}(\d+)[a-z]")
+_count = itertools.count()
+
+
+class ClusterUnavailable(RuntimeError):
+    """This machine cannot make the cluster (not root, a tool missing, namespaces refused)."""
+
+
+def _run(*argv: str) -> str:
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        raise ClusterUnavailable(f"{' '.join(argv)}: {(proc.stderr or proc.stdout).strip() or f'exit {proc.returncode}'}")
+    return proc.stdout
+
+
+def unavailable_reason() -> str | None:
+    """Why this machine cannot make a cluster, or None."""
+    if os.geteuid() != 0:
+        return "the simulated cluster needs root (network namespaces)"
+    missing = [tool for tool in ("ip", "unshare") if shutil.which(tool) is None]
+    if missing:
+        return f"the simulated cluster needs {' and '.join(missing)} (iproute2, util-linux)"
+    return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale() -> list[str]:
+    """Remove what clusters of processes no longer alive left behind; returns the names removed."""
+    removed = []
+    for ns in _run("ip", "netns", "list").split():
+        owner = _OWNED.match(ns)
+        if owner and "-node" in ns and not _alive(int(owner.group(1))):
+            _quiet("ip", "netns", "delete", ns)
+            shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
+            removed.append(ns)
+    for line in _run("ip", "-o", "link", "show").splitlines():
+        name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
+        owner = _OWNED.match(name)
+        if owner and not _alive(int(owner.group(1))):
+            _quiet("ip", "link", "delete", name)
+            removed.append(name)
+    with contextlib.suppress(OSError):
+        NETNS_ETC.rmdir()  # only where empty: a folder someone else uses stays
+    return removed
+
+
+def _quiet(*argv: str) -> None:
+    subprocess.run(argv, capture_output=True, timeout=60)
+
+
+class SimulatedCluster:
+    """``nodes`` hosts (``node0`` ...) on this machine; use as a context manager."""
+
+    def __init__(self, nodes: int = 2, rate: str | None = None) -> None:
+        if not isinstance(nodes, int) or not 1 <= nodes <= 200:
+            raise ValueError(f"SimulatedCluster: nodes must be an integer from 1 to 200, got {nodes!r}")
+        if rate is not None and not re.fullmatch(r"\d+(\.\d+)?([kmg]?bit|[kmg]?bps)", rate):
+            raise ValueError(f"SimulatedCluster: rate {rate!r} is not a tc rate such as 1gbit or 100mbit")
+        self.nodes, self.rate = nodes, rate
+        self.id = f"{PREFIX}{os.getpid()}{'abcdefghijklmnopqrstuvwxyz'[next(_count) % 26]}"
+        self.bridge = f"{self.id}b"
+        self.names = [f"node{i}" for i in range(nodes)]
+        self.namespaces = [f"{self.id}-node{i}" for i in range(nodes)]
+        self.addresses = [f"{SUBNET}.{10 + i}" for i in range(nodes)]
+        self._folder: str | None = None
+        self._interrupts: contextlib.ExitStack | None = None
+
+    @property
+    def launcher(self) -> str:
+        """A script that runs a command on a node, called as ssh is: ``[options] HOST COMMAND...``."""
+        if self._folder is None:
+            raise RuntimeError("SimulatedCluster: the cluster is not up")
+        return str(Path(self._folder) / "enter-node")
+
+    def hosts(self, ranks_per_node: int = 1) -> str:
+        """``node0:K,node1:K,...``: launch's ``--hosts``."""
+        return ",".join(f"{name}:{ranks_per_node}" for name in self.names)
+
+    def on_node(self, node: int, argv: Sequence[str]) -> list[str]:
+        """``argv`` run on node ``node`` (its network, its hostname)."""
+        return ["ip", "netns", "exec", self.namespaces[node], "unshare", "--uts", "sh", "-c",
+                'hostname "$0" && exec "$@"', self.names[node], *argv]
+
+    def launch_command(self, argv: Sequence[str], ranks_per_node: int = 1, timeout: float = 300,
+                       python: str = sys.executable) -> list[str]:
+        """``tvm-combiners launch`` started on node0 with ``ranks_per_node`` ranks on every node."""
+        return self.on_node(0, [python, "-m", "tvm_combiners.app.cli", "launch", "--hosts", self.hosts(ranks_per_node),
+                                "--launcher-exec", self.launcher, "--timeout", f"{timeout:g}", "--", *argv])
+
+    def __enter__(self) -> SimulatedCluster:
+        reason = unavailable_reason()
+        if reason is not None:
+            raise ClusterUnavailable(reason)
+        self._interrupts = contextlib.ExitStack()
+        self._interrupts.enter_context(terminate_as_interrupt())  # SIGTERM tears the cluster down too
+        try:
+            remove_stale()
+            self._up()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        for ns in self.namespaces:
+            _quiet("ip", "netns", "delete", ns)
+            shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
+        for i in range(self.nodes):  # a veth may outlive its namespace's deletion
+            _quiet("ip", "link", "delete", f"{self.id}v{i}")
+        _quiet("ip", "link", "delete", self.bridge)
+        with contextlib.suppress(OSError):
+            NETNS_ETC.rmdir()
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
+        if self._interrupts is not None:
+            self._interrupts.close()
+            self._interrupts = None
+
+    def _up(self) -> None:
+        _run("ip", "link", "add", self.bridge, "type", "bridge")
+        _run("ip", "link", "set", self.bridge, "up")
+        hosts = "127.0.0.1 localhost\n" + "".join(f"{a} {n}\n" for a, n in zip(self.addresses, self.names))
+        for i, (ns, address) in enumerate(zip(self.namespaces, self.addresses)):
+            veth = f"{self.id}v{i}"
+            _run("ip", "netns", "add", ns)
+            _run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            _run("ip", "link", "set", veth, "master", self.bridge, "up")
+            _run("ip", "-n", ns, "addr", "add", f"{address}/24", "dev", "eth0")
+            _run("ip", "-n", ns, "link", "set", "eth0", "up")
+            _run("ip", "-n", ns, "link", "set", "lo", "up")
+            if self.rate is not None:
+                _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", self.rate,
+                     "burst", "256kb", "latency", "50ms")
+            (NETNS_ETC / ns).mkdir(parents=True, exist_ok=True)
+            (NETNS_ETC / ns / "hosts").write_text(hosts)
+        self._folder = tempfile.mkdtemp(prefix=f"{self.id}-")
+        cases = "".join(f'  {n}) ns={ns} ;;\n' for n, ns in zip(self.names, self.namespaces))
+        script = Path(self.launcher)
+        script.write_text(f"""#!/bin/sh
+# ssh's calling form: [options] HOST COMMAND...; the command runs on the simulated node HOST
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -[bcDEeFIiJLlmOopQRSWw]) shift 2 ;;
+    -*) shift ;;
+    *) break ;;
+  esac
+done
+host=$1
+shift
+case "$host" in
+{cases}  *) echo "no simulated host $host (hosts: {' '.join(self.names)})" >&2; exit 255 ;;
+esac
+exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" && exec sh -c "$1"' "$host" "$*"
+""")
+        script.chmod(0o755)
+
+    def leftovers(self) -> list[str]:
+        """What of this cluster still exists (empty once it is down)."""
+        found = [ns for ns in _run("ip", "netns", "list").split() if ns.startswith(self.id)]
+        found += [line.split(":")[1].strip().split("@")[0] for line in _run("ip", "-o", "link", "show").splitlines()
+                  if ":" in line and line.split(":")[1].strip().startswith(self.id)]
+        found += [str(NETNS_ETC / ns) for ns in self.namespaces if (NETNS_ETC / ns).exists()]
+        return found
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tvm_combiners.collectives.testing",
+                                     description="Run a command under launch on a simulated cluster, then remove it.")
+    parser.add_argument("--nodes", type=int, default=2, help="simulated hosts (default 2)")
+    parser.add_argument("--ranks-per-node", type=int, default=1, help="ranks on each host (default 1)")
+    parser.add_argument("--rate", default=None, help="each host's bandwidth, as tc gives it (e.g. 1gbit)")
+    parser.add_argument("--timeout", type=float, default=600, help="the job's timeout in seconds (default 600)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="after '--': the command each rank runs")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give the command after '--'")
+    try:
+        with SimulatedCluster(args.nodes, args.rate) as cluster:
+            return subprocess.run(cluster.launch_command(command, args.ranks_per_node, args.timeout)).returncode
+    except (ClusterUnavailable, ValueError) as err:
+        print(f"{parser.prog}: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{parser.prog}: interrupted: the cluster is removed", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
