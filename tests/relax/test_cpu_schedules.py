@@ -13,7 +13,7 @@ from tvm.script import tirx as T
 from tvm_combiners.compile.host import cpu_features
 from tvm_combiners.compile.pipelines import cpu_pipeline, fusion_passes
 from tvm_combiners.compile.relax_runner import compile_module, make_target, run_vm
-from tvm_combiners.compile.schedules import CPUMatmul, default_schedules
+from tvm_combiners.compile.schedules import CPUGemv, CPUMatmul, default_schedules
 
 R = relax.op
 F32 = "float32"
@@ -52,6 +52,11 @@ FORMS = {
         lambda bb, x, w: bb.emit(R.matmul(x, w)),
         lambda x, w: x @ w, {},
     ),
+    "one row, bias (a classifier)": (  # CPUGemv's: CPUMatmul has no rows to tile
+        {"x": ((1, 64), F32), "w": ((64, 48), F32), "b": ((48,), F32)},
+        lambda bb, x, w, b: bb.emit(R.add(bb.emit(R.matmul(x, w)), b)),
+        lambda x, w, b: x @ w + b, {},
+    ),
     "width no vector divides": (  # 7: no vector of 4, 8 or 16 lanes divides it
         {"x": ((8, 16), F32), "w": ((16, 7), F32)},
         lambda bb, x, w: bb.emit(R.matmul(x, w)),
@@ -59,7 +64,7 @@ FORMS = {
     ),
 }
 SCHEDULED = {"matmul bias gelu": True, "deep k, relu": True, "batched": True, "symbolic rows": True, "odd rows": True,
-             "width no vector divides": False}
+             "one row, bias (a classifier)": True, "width no vector divides": False}
 
 
 def _module(name: str) -> tvm.IRModule:
@@ -158,6 +163,20 @@ def test_a_width_only_a_narrower_vector_divides_takes_it(cpu):
     sch = CPUMatmul().apply(_gemm_function(_module("odd rows")), make_target("llvm", cpu), False)
     inner = sch.get(sch.get_loops(sch.get_sblock("matmul_update"))[-1])
     assert inner.kind == tvm.tirx.ForKind.VECTORIZED and int(inner.extent) == 8
+
+
+@pytest.mark.parametrize("cpu", cpus())
+def test_a_one_row_gemm_is_column_blocks_of_vectors_in_parallel(cpu):
+    func = _gemm_function(_module("one row, bias (a classifier)"))
+    assert CPUMatmul().apply(func, make_target("llvm", cpu), False) is None  # no row loop to tile
+    sch = CPUGemv().apply(func, make_target("llvm", cpu), False)
+    lanes = _float_lanes(cpu)
+    lanes = lanes if 48 % lanes == 0 else lanes // 2
+    tile = lanes * next(v for v in (4, 2, 1) if (48 // lanes) % v == 0)
+    *_, blocks, k, columns = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock("matmul_update"))]
+    assert (int(blocks.extent), int(k.extent), int(columns.extent)) == (48 // tile, 64, tile)
+    assert columns.kind == tvm.tirx.ForKind.VECTORIZED and 'sblock("T_add")' not in sch.mod.script()  # bias on the block
+    assert CPUGemv().apply(_gemm_function(_module("odd rows")), make_target("llvm", cpu), False) is None
 
 
 @T.prim_func(s_tir=True)

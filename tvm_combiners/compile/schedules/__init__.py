@@ -3,34 +3,77 @@
 On cuda TVM's default pipeline schedules each fused function with its dlight rules; on llvm it
 schedules none, so an untuned model runs as scalar loops (a GEMM is a scalar triple loop). Each
 rule here is a dlight ``ScheduleRule`` of its own module, applied where no database or earlier
-rule has scheduled a function:
+rule has scheduled a function, in this order:
 
 - :class:`~.matmul.CPUMatmul`: GEMMs, with the elementwise epilogue FuseOps put in the same
   function computed on each tile (or column block) while it is in cache.
+- :class:`~.gemv.CPUGemv`: GEMMs of one row (a classifier's fully connected layer), which
+  CPUMatmul declines: column blocks of the weight streamed once, accumulated in registers.
+- :class:`~.conv2d.CPUConv2D`: NCHW convolutions (strided, dilated, grouped), output channels in
+  vector registers over a segment of an output row, the weight repacked once, the epilogue
+  computed on each tile.
+- :class:`~.pool.CPUPool`: 2-d pools read with stride 1 along the output's innermost axis.
+- :class:`~.injective.CPUInjective`: the catch-all for functions without a reduction
+  (elementwise, broadcast, transpose, concat, pad): inlined into one loop nest where TVM allows,
+  outer loops in parallel where the nest is large, the innermost vectorized.
 
-Everything else keeps its loops: dlight's CPU reduction rule parallelizes a softmax or mean over
-a non-last axis into every thread recomputing the whole reduction into one shared buffer (slower,
-and a data race), so it is not applied. A rule only splits, reorders, caches and annotates loops
-with TVM's schedule primitives, which check each step's dependences; a function it does not
-recognise, or a primitive refuses, keeps its loops.
+A weight repacking a rule asks for is a block TVM's SplitLayoutRewritePreproc splits into a
+function of its own; FoldConstant then computes it at compile time where the weight is a constant.
+Reductions (layer norms, softmax, means) keep their loops: dlight's CPU reduction rule
+parallelizes a softmax or mean over a non-last axis into every thread recomputing the whole
+reduction into one shared buffer (slower, and a data race), so it is not applied. A rule only
+splits, reorders, caches, repacks and annotates loops with TVM's schedule primitives, which check
+each step's dependences; a function it does not recognise, or a primitive refuses, keeps its loops.
 """
 
 from __future__ import annotations
 
 import tvm
+from tvm import relax, s_tir, tirx
 from tvm.s_tir import dlight
 
+from .conv2d import PREPROC, CPUConv2D
+from .gemv import CPUGemv
+from .injective import CPUInjective, root_blocks
 from .matmul import CPUMatmul
+from .pool import CPUPool
 
 
 def cpu_rules() -> list[dlight.ScheduleRule]:
     """The rules an untuned llvm build schedules with (and tuning times as each task's default)."""
-    return [CPUMatmul()]
+    return [CPUMatmul(), CPUGemv(), CPUConv2D(), CPUPool(), CPUInjective()]
 
 
 def default_schedules() -> tvm.transform.Pass:
-    """The CPU rules over every function no database or earlier rule has scheduled."""
-    return dlight.ApplyDefaultSchedule(*cpu_rules())
+    """The CPU rules over every function no database or earlier rule has scheduled, then each
+    weight repacking a schedule asked for split into a function of its own and, for a constant
+    weight, computed at compile time."""
+    return tvm.transform.Sequential([dlight.ApplyDefaultSchedule(*cpu_rules()), hoist_weight_repacks()],
+                                    name="tvm_combiners.DefaultSchedules")
 
 
-__all__ = ["CPUMatmul", "cpu_rules", "default_schedules"]
+def hoist_weight_repacks() -> tvm.transform.Pass:
+    """TVM's SplitLayoutRewritePreproc, then FoldConstant, where a function repacks a weight.
+
+    TVM's split visits every PrimFunc and fails on one without blocks (the collectives' kernels
+    call the runtime and have none): a module holding such a function keeps its repacks inside
+    the kernels that use them, computed on every call, as where no weight is constant."""
+
+    def hoist(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        schedules = [s_tir.Schedule(f) for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)]
+        if not any(map(_repacks, schedules)) or not all(map(root_blocks, schedules)):
+            return mod
+        return relax.transform.FoldConstant()(relax.transform.SplitLayoutRewritePreproc()(mod))
+
+    return tvm.transform.module_pass(hoist, opt_level=0, name="tvm_combiners.HoistWeightRepacks")
+
+
+def _repacks(sch: s_tir.Schedule) -> bool:
+    """Whether a block of the function is a weight repack a rule marked."""
+    todo = root_blocks(sch)
+    while todo:
+        block = todo.pop()
+        if PREPROC in sch.get(block).annotations:
+            return True
+        todo.extend(sch.get_child_blocks(block))
+    return False

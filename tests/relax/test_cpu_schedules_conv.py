@@ -1,0 +1,324 @@
+"""Default CPU schedules of CNN functions: convolutions, pools and injective functions compute what
+numpy and TVM's naive loops do, are scheduled where the rules say and keep their loops elsewhere."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import tvm
+from cpu_matrix import cpus, runnable_cpus
+from helpers import make_module
+from tvm import relax
+
+from tvm_combiners.compile.host import cpu_features
+from tvm_combiners.compile.pipelines import cpu_pipeline, fusion_passes
+from tvm_combiners.compile.relax_runner import compile_module, make_target, run_vm
+from tvm_combiners.compile.schedules import CPUConv2D, CPUInjective, CPUPool, default_schedules
+
+R = relax.op
+F32 = "float32"
+
+
+def conv2d_numpy(x: np.ndarray, w: np.ndarray, stride: int = 1, padding: int | tuple = 0, dilation: int = 1,
+                 groups: int = 1) -> np.ndarray:
+    """NCHW x OIHW in float64; ``padding`` an int or (top, left, bottom, right)."""
+    top, left, bottom, right = (padding,) * 4 if isinstance(padding, int) else padding
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (top, bottom), (left, right)))
+    outs, group_in, kh, kw = w.shape
+    oh = (xp.shape[2] - dilation * (kh - 1) - 1) // stride + 1
+    ow = (xp.shape[3] - dilation * (kw - 1) - 1) // stride + 1
+    out = np.zeros((x.shape[0], outs, oh, ow))
+    group_out = outs // groups
+    for g in range(groups):
+        xs, ws = xp[:, g * group_in:(g + 1) * group_in], w[g * group_out:(g + 1) * group_out].astype(np.float64)
+        for i in range(kh):
+            for j in range(kw):
+                patch = xs[:, :, i * dilation:i * dilation + stride * (oh - 1) + 1:stride,
+                           j * dilation:j * dilation + stride * (ow - 1) + 1:stride]
+                out[:, g * group_out:(g + 1) * group_out] += np.einsum("nchw,oc->nohw", patch, ws[:, :, i, j])
+    return out
+
+
+def pool_numpy(x: np.ndarray, kernel: int, stride: int, padding: int, kind: str, layout: str = "NCHW") -> np.ndarray:
+    """Max or average (padding not counted) over ``kernel`` x ``kernel`` windows, in float64."""
+    a = x.astype(np.float64) if layout == "NCHW" else x.astype(np.float64).transpose(0, 3, 1, 2)
+    a = np.pad(a, ((0, 0), (0, 0), (padding, padding), (padding, padding)), constant_values=np.nan)
+    oh, ow = ((a.shape[2] - kernel) // stride + 1, (a.shape[3] - kernel) // stride + 1)
+    windows = np.stack([a[:, :, i:i + stride * (oh - 1) + 1:stride, j:j + stride * (ow - 1) + 1:stride]
+                        for i in range(kernel) for j in range(kernel)])
+    out = np.nanmax(windows, axis=0) if kind == "max" else np.nanmean(windows, axis=0)
+    return out if layout == "NCHW" else out.transpose(0, 2, 3, 1)
+
+
+# name -> (input shape, weight shape, conv2d attributes, epilogue, the form the rule takes or None)
+CONVS = {
+    "3x3, bias relu": ((1, 8, 10, 10), (32, 8, 3, 3), {"padding": 1}, "bias relu", "channels"),
+    "stride 2": ((1, 8, 11, 11), (16, 8, 3, 3), {"strides": 2, "padding": 1}, "bias relu", "channels"),
+    "dilation 2": ((1, 8, 12, 12), (16, 8, 3, 3), {"dilation": 2, "padding": 2}, "none", "channels"),
+    "1x1, batch 2, residual": ((2, 16, 7, 7), (32, 16, 1, 1), {}, "residual relu", "channels"),
+    "1x3, uneven padding": ((1, 8, 9, 12), (16, 8, 1, 3), {"padding": (0, 1, 0, 1)}, "none", "channels"),
+    "7x7 stride 2 from 3 channels": ((1, 3, 20, 20), (16, 3, 7, 7), {"strides": 2, "padding": 3}, "bias relu",
+                                     "channels"),
+    "2 groups": ((1, 16, 8, 8), (32, 8, 3, 3), {"groups": 2, "padding": 1}, "bias relu", "channels"),
+    "6 outputs (no vector divides)": ((1, 16, 8, 8), (6, 16, 3, 3), {"padding": 1}, "bias relu", "width"),
+    "depthwise": ((1, 16, 12, 12), (16, 1, 3, 3), {"groups": 16, "padding": 1}, "bias relu", None),
+    "depthwise x2, stride 2": ((1, 8, 9, 9), (16, 1, 3, 3), {"groups": 8, "strides": 2}, "none", None),
+}
+
+
+def _conv_module(name: str) -> tvm.IRModule:
+    shape, weight, attrs, epilogue, _ = CONVS[name]
+    params = {"x": (shape, F32), "w": (weight, F32)}
+    out_shape = tuple(conv2d_numpy(np.zeros(shape), np.zeros(weight), attrs.get("strides", 1), attrs.get("padding", 0),
+                                   attrs.get("dilation", 1), attrs.get("groups", 1)).shape)
+    if epilogue == "bias relu":
+        params["b"] = ((1, weight[0], 1, 1), F32)
+    elif epilogue == "residual relu":
+        params["r"] = (out_shape, F32)
+
+    def body(bb, x, w, *other):  # noqa: ANN001, ANN202
+        y = bb.emit(R.nn.conv2d(x, w, **attrs))
+        return bb.emit(R.nn.relu(bb.emit(R.add(y, other[0])))) if other else y
+
+    return make_module(params, body)
+
+
+def _conv_numpy(name: str, x: np.ndarray, w: np.ndarray, *other: np.ndarray) -> np.ndarray:
+    _, _, attrs, _, _ = CONVS[name]
+    y = conv2d_numpy(x, w, attrs.get("strides", 1), attrs.get("padding", 0), attrs.get("dilation", 1),
+                     attrs.get("groups", 1))
+    return np.maximum(y + other[0], 0) if other else y
+
+
+def _inputs(mod: tvm.IRModule, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal([int(d) for d in p.ty.shape.values]).astype(str(p.ty.dtype)) for p in mod["main"].params]
+
+
+def _fused(mod: tvm.IRModule, *then: tvm.transform.Pass, cpu: str | None = None) -> tvm.IRModule:
+    target = make_target("llvm", cpu)
+    with target:
+        return tvm.transform.Sequential([*fusion_passes(target), *then])(mod)
+
+
+def _function(mod: tvm.IRModule, word: str, cpu: str | None = None) -> tvm.tirx.PrimFunc:
+    """The one fused (unscheduled) function whose name has ``word``."""
+    (func,) = [f for gv, f in _fused(mod, cpu=cpu).functions_items() if word in gv.name_hint]
+    return func
+
+
+def _scheduled(mod: tvm.IRModule, word: str, cpu: str | None = None) -> list[bool]:
+    """Whether the default schedules scheduled each function whose name has ``word`` (the weight
+    repacking split off a convolution is not one of them)."""
+    return [bool(f.attrs.get("tirx.is_scheduled", False))
+            for gv, f in _fused(mod, default_schedules(), cpu=cpu).functions_items()
+            if isinstance(f, tvm.tirx.PrimFunc) and word in gv.name_hint and "weight_prepack" not in gv.name_hint]
+
+
+def _check(mod: tvm.IRModule, want: np.ndarray, inputs: list[np.ndarray], cpu: str | None = None) -> None:
+    """Scheduled and naive builds equal numpy (relative to the largest output) and each other."""
+    scheduled = run_vm(compile_module(mod, "llvm", cpu=cpu), inputs)[0]
+    naive = run_vm(compile_module(mod, "llvm", cpu_pipeline(make_target("llvm", cpu), schedules=False), cpu=cpu),
+                   inputs)[0]
+    scale = max(np.abs(want).max(), 1.0)
+    assert scheduled.shape == want.shape
+    assert np.abs(scheduled - want).max() / scale < 1e-5
+    assert np.abs(scheduled - naive).max() / scale < 1e-5
+
+
+def _lanes(cpu: str | None, width: int) -> int:
+    """float32 lanes of the CPU's widest vector that divides ``width`` (LLVM's features of it)."""
+    features = cpu_features(cpu) if cpu else cpu_features(str(make_target("llvm").attrs["mcpu"]))
+    widest = 16 if "avx512f" in features else 8 if "avx" in features else 4
+    return next(lanes for lanes in (widest, widest // 2, widest // 4) if lanes >= 4 and width % lanes == 0)
+
+
+def _update(sch: tvm.s_tir.Schedule) -> str:
+    """The name of the scheduled reduction's update block."""
+    (name,) = [n for n in re.findall(r'T\.sblock\("(\w+)"\)', sch.mod.script()) if n.endswith("_update")]
+    return name
+
+
+def _loops(sch: tvm.s_tir.Schedule, block: str) -> list:
+    return [sch.get(loop) for loop in sch.get_loops(sch.get_sblock(block))]
+
+
+@pytest.mark.parametrize("name", CONVS)
+def test_each_conv_computes_what_numpy_and_the_naive_loops_do(name):
+    mod = _conv_module(name)
+    inputs = _inputs(mod)
+    _check(mod, _conv_numpy(name, *inputs), inputs)
+    assert _scheduled(mod, "conv2d") == [CONVS[name][4] is not None]
+
+
+@pytest.mark.parametrize("cpu", cpus())
+def test_every_conv_is_scheduled_for_every_cpu_with_its_vectors(cpu):
+    """Channel tiles of two of the CPU's vectors where two divide a group's outputs (one where one
+    does); declined forms the same on every CPU."""
+    target = make_target("llvm", cpu)
+    for name, (_, weight, attrs, _, form) in CONVS.items():
+        mod = _conv_module(name)
+        assert _scheduled(mod, "conv2d", cpu) == [form is not None], name
+        if form != "channels":
+            continue
+        sch = CPUConv2D().apply(_function(mod, "conv2d", cpu), target, False)
+        per_group = weight[0] // attrs.get("groups", 1)
+        lanes = _lanes(cpu, per_group)
+        tile = 2 * lanes if per_group % (2 * lanes) == 0 else lanes
+        loops = _loops(sch, _update(sch))
+        assert loops[0].kind == tvm.tirx.ForKind.PARALLEL, name
+        assert loops[-1].kind == tvm.tirx.ForKind.VECTORIZED and int(loops[-1].extent) == tile, name
+        assert loops[-2].kind == tvm.tirx.ForKind.UNROLLED, name  # the row segment, one register each
+
+
+def test_the_channel_tile_accumulates_in_registers_with_the_weight_repacked_and_the_epilogue_on_it():
+    target = make_target("llvm")
+    sch = CPUConv2D().apply(_function(_conv_module("3x3, bias relu"), "conv2d"), target, False)
+    text = sch.mod.script()
+    assert text.count("meta_schedule.layout_rewrite_preproc") == 1 and 'scope="local"' in text
+    assert 'sblock("T_add")' not in text and "T.max(" in text  # bias and relu computed as the tile leaves its registers
+    (store,) = [n for n in re.findall(r'T\.sblock\("(\w+)"\)', text) if n.endswith("_local")]
+    assert _loops(sch, store)[-1].kind == tvm.tirx.ForKind.VECTORIZED  # the row segment stored whole
+    (packed,) = [b for b in sch.mod["main"].body.block.alloc_buffers if b.name == "w_global"]
+    tile = int(packed.shape[-1])
+    assert [int(d) for d in packed.shape] == [32 // tile, 8, 3, 3, tile]
+
+
+def test_the_row_form_vectorizes_along_the_output_row():
+    """6 outputs: no vector divides them; a vector divides the 8-wide rows."""
+    sch = CPUConv2D().apply(_function(_conv_module("6 outputs (no vector divides)"), "conv2d"), make_target("llvm"),
+                            False)
+    loops = _loops(sch, "conv2d_nchw_update")
+    assert loops[0].kind == tvm.tirx.ForKind.PARALLEL
+    assert loops[-1].kind == tvm.tirx.ForKind.VECTORIZED and int(loops[-1].extent) == 8
+    assert "w_global" not in sch.mod.script()
+
+
+def test_a_constant_weight_is_repacked_at_compile_time():
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((32, 8, 3, 3)).astype(F32)
+    mod = make_module({"x": ((1, 8, 10, 10), F32)},
+                      lambda bb, x: bb.emit(R.nn.relu(bb.emit(R.nn.conv2d(x, relax.const(weight), padding=1)))))
+    lowered = _fused(mod, default_schedules())
+    assert "weight_prepack" not in str(lowered["main"]) and "prepacked" in str(lowered["main"])
+    x = rng.standard_normal((1, 8, 10, 10)).astype(F32)
+    _check(mod, np.maximum(conv2d_numpy(x, weight, padding=1), 0), [x])
+
+
+@pytest.mark.parametrize("form", ["int8 x int8 -> int32", "NHWC", "symbolic batch"])
+def test_other_convolutions_keep_their_loops_and_compute_right(form):
+    rng = np.random.default_rng(0)
+    if form == "int8 x int8 -> int32":  # mixed dtypes: declined, TVM's loops
+        mod = make_module({"x": ((1, 8, 6, 6), "int8"), "w": ((16, 8, 3, 3), "int8")},
+                          lambda bb, x, w: bb.emit(R.nn.conv2d(x, w, padding=1, out_dtype="int32")))
+        inputs = [rng.integers(-128, 128, s).astype("int8") for s in ((1, 8, 6, 6), (16, 8, 3, 3))]
+        want = conv2d_numpy(*inputs, padding=1)
+    elif form == "NHWC":
+        mod = make_module({"x": ((1, 6, 6, 8), F32), "w": ((16, 8, 3, 3), F32)},
+                          lambda bb, x, w: bb.emit(R.nn.conv2d(x, w, padding=1, data_layout="NHWC", out_layout="NHWC")))
+        inputs = _inputs(mod)
+        want = conv2d_numpy(inputs[0].transpose(0, 3, 1, 2), inputs[1], padding=1).transpose(0, 2, 3, 1)
+    else:
+        mod = make_module({"x": ((tvm.tirx.Var("n", "int64"), 8, 6, 6), F32), "w": ((16, 8, 3, 3), F32)},
+                          lambda bb, x, w: bb.emit(R.nn.conv2d(x, w, padding=1)))
+        inputs = [rng.standard_normal((2, 8, 6, 6)).astype(F32), rng.standard_normal((16, 8, 3, 3)).astype(F32)]
+        want = conv2d_numpy(*inputs, padding=1)
+    assert _scheduled(mod, "conv2d") == [False]
+    got = run_vm(compile_module(mod, "llvm"), inputs)[0]
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=1e-5, atol=1e-4)
+
+
+# name -> (input shape, pool attributes, numpy arguments (kernel, stride, padding, kind, layout), scheduled)
+POOLS = {
+    "max 3x3 stride 1": ((1, 8, 14, 14), {"pool_size": 3, "strides": 1, "padding": 1}, (3, 1, 1, "max", "NCHW"), True),
+    "avg 3x3 stride 1": ((1, 8, 14, 14), {"pool_size": 3, "strides": 1, "padding": 1}, (3, 1, 1, "avg", "NCHW"), True),
+    "max NHWC stride 2": ((1, 10, 10, 32), {"pool_size": 2, "strides": 2, "layout": "NHWC"}, (2, 2, 0, "max", "NHWC"),
+                          True),
+    "max stride 2 (declined)": ((1, 8, 15, 15), {"pool_size": 3, "strides": 2, "padding": 1},
+                                (3, 2, 1, "max", "NCHW"), False),
+}
+
+
+@pytest.mark.parametrize("name", POOLS)
+def test_each_pool_computes_what_numpy_and_the_naive_loops_do(name):
+    shape, attrs, reference, scheduled = POOLS[name]
+    op = R.nn.max_pool2d if reference[3] == "max" else R.nn.avg_pool2d
+    mod = make_module({"x": (shape, F32)}, lambda bb, x: bb.emit(op(x, **attrs)))
+    inputs = _inputs(mod)
+    _check(mod, pool_numpy(inputs[0], *reference), inputs)
+    assert _scheduled(mod, "pool") == [scheduled]
+    if scheduled:
+        sch = CPUPool().apply(_function(mod, "pool"), make_target("llvm"), False)
+        assert _loops(sch, _update(sch))[-1].kind == tvm.tirx.ForKind.VECTORIZED
+
+
+@pytest.mark.parametrize("cpu", cpus())
+def test_every_pool_is_scheduled_for_every_cpu(cpu):
+    for name, (shape, attrs, reference, scheduled) in POOLS.items():
+        op = R.nn.max_pool2d if reference[3] == "max" else R.nn.avg_pool2d
+        mod = make_module({"x": (shape, F32)}, lambda bb, x, op=op, attrs=attrs: bb.emit(op(x, **attrs)))
+        assert _scheduled(mod, "pool", cpu) == [scheduled], name
+
+
+# name -> (params, relax body, numpy, whether its loop nest runs in parallel)
+INJECTIVE = {
+    "bias add relu": ({"x": ((1, 64, 64, 64), F32), "b": ((1, 64, 1, 1), F32)},
+                      lambda bb, x, b: bb.emit(R.nn.relu(bb.emit(R.add(x, b)))), lambda x, b: np.maximum(x + b, 0), True),
+    "transpose": ({"x": ((4, 64, 33), F32)}, lambda bb, x: bb.emit(R.permute_dims(x, [0, 2, 1])),
+                  lambda x: x.transpose(0, 2, 1), False),
+    "concat": ({"x": ((1, 16, 7, 7), F32), "y": ((1, 8, 7, 7), F32)},
+               lambda bb, x, y: bb.emit(R.concat([x, y], axis=1)), lambda x, y: np.concatenate([x, y], 1), False),
+    "tiny exp": ({"x": ((3, 5), F32)}, lambda bb, x: bb.emit(R.exp(x)), np.exp, False),
+}
+
+
+@pytest.mark.parametrize("name", INJECTIVE)
+def test_each_injective_function_computes_what_numpy_and_the_naive_loops_do(name):
+    params, body, reference, parallel = INJECTIVE[name]
+    mod = make_module(params, body)
+    inputs = _inputs(mod)
+    _check(mod, reference(*[a.astype(np.float64) for a in inputs]), inputs)
+    ((gv, func),) = [(gv, f) for gv, f in _fused(mod).functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert _scheduled(mod, gv.name_hint) == [True]
+    text = CPUInjective().apply(func, make_target("llvm"), False).mod.script()
+    assert ("T.parallel(" in text) is parallel  # small loop nests stay on one thread
+
+
+def test_reductions_are_no_injective_function():
+    mod = make_module({"x": ((8, 32), F32)}, lambda bb, x: bb.emit(R.sum(x, axis=1)))
+    assert CPUInjective().apply(_function(mod, "sum"), make_target("llvm"), False) is None
+
+
+@pytest.mark.parametrize("cpu", runnable_cpus())
+def test_a_small_cnn_computes_what_numpy_does_on_every_cpu_this_host_runs(cpu):
+    """A conv in channel tiles, a strided grouped one, a pool and a residual add, built for each CPU."""
+    rng = np.random.default_rng(1)
+    w1, w2 = rng.standard_normal((16, 8, 3, 3)).astype(F32), rng.standard_normal((16, 8, 3, 3)).astype(F32)
+
+    def body(bb, x):  # noqa: ANN001, ANN202
+        y = bb.emit(R.nn.relu(bb.emit(R.nn.conv2d(x, relax.const(w1), padding=1))))
+        z = bb.emit(R.nn.conv2d(y, relax.const(w2), strides=2, padding=1, groups=2))
+        return bb.emit(R.add(bb.emit(R.nn.max_pool2d(z, 3, 1, 1)), z))
+
+    mod = make_module({"x": ((1, 8, 12, 12), F32)}, body)
+    x = rng.standard_normal((1, 8, 12, 12)).astype(F32)
+    z = conv2d_numpy(np.maximum(conv2d_numpy(x, w1, padding=1), 0), w2, 2, 1, 1, 2)
+    _check(mod, pool_numpy(z, 3, 1, 1, "max") + z, [x], cpu=cpu)
+
+
+def test_a_module_with_a_function_without_blocks_keeps_its_repack_inside_the_kernel():
+    """TVM's split of weight repacks fails on a PrimFunc without blocks (the collectives' runtime
+    calls): such a module keeps the repack in the convolution's kernel, and computes the same."""
+    from tvm.s_tir import dlight
+
+    from tvm_combiners.compile.schedules import cpu_rules, hoist_weight_repacks
+
+    weight = np.random.default_rng(1).standard_normal((16, 8, 3, 3)).astype(F32)
+    mod = make_module({"x": ((1, 8, 6, 6), F32)}, lambda bb, x: bb.emit(R.nn.conv2d(x, relax.const(weight), padding=1)))
+    scheduled = _fused(mod, dlight.ApplyDefaultSchedule(*cpu_rules()))
+    assert "prepacked" in str(hoist_weight_repacks()(scheduled)["main"])  # split off and folded
+    scheduled["no_blocks"] = tvm.tirx.PrimFunc([], tvm.tirx.Evaluate(0))
+    kept = hoist_weight_repacks()(scheduled)
+    assert kept.same_as(scheduled) and "prepacked" not in str(kept["main"])
