@@ -18,10 +18,13 @@ SMOKE = {
     "bench_collective_combiners.py": ["--quick"],
     "bench_collective_pass_scaling.py": ["--sizes", "10", "--ir", "both"],
     "bench_pass_scaling.py": ["--sizes", "10", "--bert-layers", "", "--ir", "both"],
-    "bench_cpu_schedules.py": ["--models", "minilm", "--rounds", "1", "--repeat", "1"],
+    "bench_cpu_schedules.py": ["--models", "minilm,resnet-mini", "--image", "32", "--rounds", "1", "--repeat", "1",
+                               "--functions", "2"],
     "bench_tuned.py": ["--trials", "0", "--models", "minilm", "--repeat", "1", "--combine-as", "stack"],
     "bench_combiners.py": ["--quick"],
+    "bench_models.py": ["--small", "--repeat", "1", "--models", "bert-base,gpt2,t5-small"],
 }
+OWN_SMOKE_TEST = {"bench_models.py"}  # scripts whose smoke run is a test of its own below
 
 
 def test_every_benchmark_script_has_a_smoke_run():
@@ -29,7 +32,7 @@ def test_every_benchmark_script_has_a_smoke_run():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script", SMOKE)
+@pytest.mark.parametrize("script", [s for s in SMOKE if s not in OWN_SMOKE_TEST])
 def test_benchmark_runs_and_prints_its_table(script):
     proc = subprocess.run([sys.executable, str(BENCHMARKS / script), *SMOKE[script]], capture_output=True,
                           text=True, timeout=600)
@@ -37,3 +40,49 @@ def test_benchmark_runs_and_prints_its_table(script):
     # a table: a header and at least one row, of three or more columns two spaces apart
     rows = [line for line in proc.stdout.splitlines() if len(re.split(r"\s{2,}", line.strip())) >= 3]
     assert len(rows) >= 2, proc.stdout[-3000:]
+
+
+def _bench_models():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import bench_models
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return bench_models
+
+
+@pytest.mark.slow
+def test_bench_models_small_runs_the_transformers_through_the_cli_and_each_passes():
+    """bench_models.py --small: one-layer BERT, GPT-2 and T5 each exported and run by `tvm-combiners run
+    --json`, one row each, every verdict passed. The CNNs stay out (their exports are tested with
+    cnn_export; each row costs 15 s or more, GoogLeNet's 57 convolutions a minute even on 32x32 images)."""
+    bench_models = _bench_models()
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "bench_models.py"), *SMOKE["bench_models.py"]],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Traceback" not in proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert re.split(r"\s{2,}", lines[0].strip()) == bench_models.HEADER and set(lines[1]) <= {"-", " "}
+    rows = [dict(zip(bench_models.HEADER, re.split(r"\s{2,}", line.strip()))) for line in lines[2:]]
+    assert [r["model"] for r in rows] == ["BERT-base", "GPT-2 124M", "T5-small"]
+    assert all(r["verdict"] == "passed" and r["ir"] == "relax" for r in rows), proc.stdout
+    assert all(float(r["max |diff| vs ORT"]) < 1e-3 for r in rows), proc.stdout
+    by_model = {r["model"]: r for r in rows}
+    assert by_model["T5-small"]["inputs"] == "input_ids:1x32 attention_mask:1x32 decoder_input_ids:1x32"
+    # the attentions' Q/K/V: BERT's one group, T5's encoder, decoder and cross-attention (K/V) three
+    assert by_model["BERT-base"]["ops combined"] == "matmul 9->7 (1 group)"
+    assert by_model["T5-small"]["ops combined"] == "matmul 22->17 (3 groups)"
+    assert by_model["GPT-2 124M"]["ops combined"] == "matmul 6->6 (0 groups)"  # its Q/K/V is one GEMM already
+
+
+def test_bench_models_a_failed_model_is_a_row_saying_why(tmp_path):
+    """A job that fails, times out or prints no JSON is a row naming its stage and why, not a traceback."""
+    bench_models = _bench_models()
+    model = bench_models.MODELS["gpt2"]
+    (tmp_path / "bad.onnx").write_text("not onnx")
+    doc, _ = bench_models.run_cli("relax", tmp_path / "bad.onnx", "input_ids:1x8", 1, 300)
+    cells = bench_models.row(model, "relax", "input_ids:1x8", doc, 1.0)
+    assert cells[:3] == ["GPT-2 124M", "input_ids:1x8", "relax"] and len(cells) == len(bench_models.HEADER)
+    assert cells[5].startswith("FAILED load: not an ONNX file (8 bytes"), cells
+    doc, _ = bench_models.run_cli("relax", tmp_path / "bad.onnx", "input_ids:1x8", 1, 0.01)
+    assert bench_models.row(model, "relax", "x", doc, 0.01)[5] == "FAILED timeout: no result in 0 s"

@@ -1,19 +1,40 @@
-"""Export a randomly initialised Hugging Face ``BertModel`` to ONNX with ``torch.onnx.export``.
+"""Export randomly initialised Hugging Face models (BERT, GPT-2, T5) to ONNX with ``torch.onnx.export``.
 
-Tests and benchmarks use it to get a "standard" transformers BERT without a model hub. Needs
-torch and transformers (test-only dependencies of the main environment).
+Tests and benchmarks use them to get "standard" transformers models without a model hub: each is
+built from a config object with random weights, at sizes the caller chooses (the defaults are
+tiny; the real models' sizes are in :data:`REAL_SIZES`). Needs torch and transformers (test-only
+dependencies of the main environment).
 
-    python -m tvm_combiners.models.hf_export OUT.onnx [--layers 2 --hidden 64]
+    python -m tvm_combiners.models.hf_export OUT.onnx [--model bert|gpt2|t5] [--layers 2 --hidden 64]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
+
+#: keyword arguments that make each export the published model's size (BERT-base, GPT-2 124M, T5-small)
+REAL_SIZES: dict[str, dict[str, int]] = {
+    "bert": {"layers": 12, "hidden": 768, "heads": 12, "vocab": 30522},
+    "gpt2": {"layers": 12, "hidden": 768, "heads": 12, "vocab": 50257},
+    "t5": {"layers": 6, "hidden": 512, "heads": 8, "vocab": 32128},
+}
+
+
+def _export(model: Any, args: tuple, path: str | os.PathLike, inputs: list[str], outputs: list[str],
+            axes: dict[str, dict[int, str]] | None) -> None:
+    """``torch.onnx.export`` at opset 17 with the TorchScript exporter (``dynamo=False``), as every export here."""
+    import torch
+
+    torch.onnx.export(model, args, str(path), input_names=inputs, output_names=outputs, opset_version=17,
+                      dynamo=False, dynamic_axes=axes)
 
 
 def export_bert(path: str | os.PathLike, layers: int = 2, hidden: int = 64, heads: int = 4, vocab: int = 500,
                 seq: int = 16, dynamic: bool = True, seed: int = 0) -> None:
+    """``BertModel``: inputs ``input_ids``, ``attention_mask`` (batch, seq); outputs
+    ``last_hidden_state``, ``pooler_output``."""
     problem = export_problem(layers, hidden, heads, vocab, seq)
     if problem:
         raise ValueError(f"export_bert: {problem}")
@@ -38,13 +59,90 @@ def export_bert(path: str | os.PathLike, layers: int = 2, hidden: int = 64, head
     model = Wrapper(transformers.BertModel(config).eval())
     ids = torch.randint(0, vocab, (1, seq))
     axes = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}} if dynamic else None
-    torch.onnx.export(model, (ids, torch.ones_like(ids)), str(path), input_names=["input_ids", "attention_mask"],
-                      output_names=["last_hidden_state", "pooler_output"], opset_version=17, dynamo=False,
-                      dynamic_axes=axes)
+    _export(model, (ids, torch.ones_like(ids)), path, ["input_ids", "attention_mask"],
+            ["last_hidden_state", "pooler_output"], axes)
+
+
+def export_gpt2(path: str | os.PathLike, layers: int = 2, hidden: int = 64, heads: int = 4, vocab: int = 500,
+                seq: int = 16, dynamic: bool = True, seed: int = 0) -> None:
+    """``GPT2Model`` without its key/value cache: inputs ``input_ids``, ``attention_mask`` (batch,
+    seq); output ``last_hidden_state``. It has GPT-2's 1024 positions."""
+    problem = export_problem(layers, hidden, heads, vocab, seq)
+    if problem:
+        raise ValueError(f"export_gpt2: {problem}")
+    import torch
+    import transformers
+
+    class Wrapper(torch.nn.Module):
+        """Positional (input_ids, attention_mask) in, the last hidden state out, no cache."""
+
+        def __init__(self, model: torch.nn.Module) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask):  # noqa: ANN001
+            return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+
+    config = transformers.GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=heads,
+                                     n_positions=max(1024, seq), bos_token_id=vocab - 1, eos_token_id=vocab - 1)
+    torch.manual_seed(seed)
+    model = Wrapper(transformers.GPT2Model(config).eval())
+    ids = torch.randint(0, vocab, (1, seq))
+    axes = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}} if dynamic else None
+    _export(model, (ids, torch.ones_like(ids)), path, ["input_ids", "attention_mask"], ["last_hidden_state"], axes)
+
+
+def export_t5(path: str | os.PathLike, layers: int = 2, hidden: int = 64, heads: int = 4, vocab: int = 500,
+              seq: int = 16, decoder: bool = True, dynamic: bool = True, seed: int = 0) -> None:
+    """``T5Model`` (``decoder=False``: ``T5EncoderModel``): inputs ``input_ids``, ``attention_mask``
+    (batch, seq) and with the decoder ``decoder_input_ids`` (batch, decoder_seq); outputs
+    ``last_hidden_state`` (the decoder's, with it) and, with the decoder, ``encoder_last_hidden_state``.
+    Encoder and decoder have ``layers`` layers each, key/value width ``hidden // heads`` and feed-forward
+    width ``4 * hidden`` (T5-small's 2048 at hidden 512); T5 has relative positions: any length runs."""
+    problem = export_problem(layers, hidden, heads, vocab, seq)
+    if problem:
+        raise ValueError(f"export_t5: {problem}")
+    import torch
+    import transformers
+
+    class Wrapper(torch.nn.Module):
+        """Positional inputs in, plain tensors out, no cache."""
+
+        def __init__(self, model: torch.nn.Module) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask, decoder_input_ids=None):  # noqa: ANN001
+            if decoder_input_ids is None:
+                return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
+                             use_cache=False)
+            return out.last_hidden_state, out.encoder_last_hidden_state
+
+    config = transformers.T5Config(vocab_size=vocab, d_model=hidden, d_kv=hidden // heads, d_ff=4 * hidden,
+                                   num_layers=layers, num_decoder_layers=layers, num_heads=heads)
+    torch.manual_seed(seed)
+    ids = torch.randint(0, vocab, (1, seq))
+    names = ["input_ids", "attention_mask"]
+    axes = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
+    if decoder:
+        model = Wrapper(transformers.T5Model(config).eval())
+        args: tuple = (ids, torch.ones_like(ids), torch.randint(0, vocab, (1, seq)))
+        names.append("decoder_input_ids")
+        axes["decoder_input_ids"] = {0: "batch", 1: "decoder_seq"}
+        outputs = ["last_hidden_state", "encoder_last_hidden_state"]
+    else:
+        model = Wrapper(transformers.T5EncoderModel(config).eval())
+        args = (ids, torch.ones_like(ids))
+        outputs = ["last_hidden_state"]
+    _export(model, args, path, names, outputs, axes if dynamic else None)
+
+
+EXPORTS = {"bert": export_bert, "gpt2": export_gpt2, "t5": export_t5}
 
 
 def export_problem(layers: int, hidden: int, heads: int, vocab: int, seq: int) -> str | None:
-    """What makes these sizes no BERT (None when they make one): transformers fails on them deep in
+    """What makes these sizes no model (None when they make one): transformers fails on them deep in
     its code, or (no layers) exports a model that is only embeddings."""
     for name, value in (("layers", layers), ("hidden", hidden), ("heads", heads), ("vocab", vocab), ("seq", seq)):
         if value < 1:
@@ -60,6 +158,7 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("path")
+    parser.add_argument("--model", choices=list(EXPORTS), default="bert")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--heads", type=int, default=4)
@@ -69,7 +168,7 @@ def main() -> None:
     problem = export_problem(args.layers, args.hidden, args.heads, args.vocab, args.seq)
     if problem:
         parser.error(problem)
-    export_bert(args.path, args.layers, args.hidden, args.heads, args.vocab, args.seq)
+    EXPORTS[args.model](args.path, args.layers, args.hidden, args.heads, args.vocab, args.seq)
 
 
 if __name__ == "__main__":
