@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from tvm_combiners.collectives.testing.cluster import add_cluster_options, launch_two_ranks
+
 CASES = (  # (name, op, count, bytes per op, max_op_bytes)
     ("64 x 4 KiB allreduce", "allreduce", 64, 4 << 10, "auto"),
     ("256 x 256 B allreduce", "allreduce", 256, 256, "auto"),
@@ -128,14 +130,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
+    add_cluster_options(parser)
     args = parser.parse_args()
     if args.rank:
         rank_main(args.quick)
         return 0
-    from tvm_combiners.collectives.runtime import launch
-
     argv = [sys.executable, str(Path(__file__).resolve()), "--rank"] + (["--quick"] if args.quick else [])
-    return launch(2, argv, timeout=900, prefix=False)  # rank 0 alone prints the table
+    return launch_two_ranks(argv, args.nodes, args.rate)  # rank 0 alone prints the table
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tvm_combiners.app.text_table import table
+from tvm_combiners.collectives.testing.cluster import add_cluster_options, launch_two_ranks
 
 SIZES = (4, 4 << 10, 1 << 20, 16 << 20)
 OPS = ("allreduce", "allgather", "reduce_scatter", "send/recv")
@@ -173,14 +174,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer calls per size (a smoke run)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    add_cluster_options(parser)
     args = parser.parse_args()
     if args.worker:
         worker(args.quick)
         return 0
-    from tvm_combiners.collectives.runtime.launch import launch
-
-    return launch(2, ["python", str(Path(__file__).resolve()), "--worker", *(["--quick"] if args.quick else [])],
-                  timeout=900, prefix=False)  # rank 0 alone prints the table
+    argv = [sys.executable, str(Path(__file__).resolve()), "--worker", *(["--quick"] if args.quick else [])]
+    return launch_two_ranks(argv, args.nodes, args.rate)  # rank 0 alone prints the table
 
 
 if __name__ == "__main__":

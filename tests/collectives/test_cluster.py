@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from test_ops_multirank import check_ranks
 
 from tvm_combiners.collectives.runtime.launch import host_of_rank, job_hosts, parse_hosts, read_hostfile
 from tvm_combiners.collectives.testing import ClusterUnavailable, SimulatedCluster
+from tvm_combiners.collectives.testing.cluster import unavailable_reason
 
 PROGS = Path(__file__).parent / "progs"
 TIMEOUT_S = 300
@@ -143,3 +145,18 @@ def test_the_cluster_limits_bandwidth_and_leaves_nothing_behind(tmp_path: Path) 
     assert made.leftovers() == []
     with pytest.raises(ValueError, match="rate '1 gbit' is not a tc rate"):
         SimulatedCluster(rate="1 gbit")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script,rows", [("bench_collectives.py", 16), ("bench_collective_combiners.py", 3)])
+def test_the_collective_benchmarks_run_across_two_simulated_hosts(script: str, rows: int) -> None:
+    if (reason := unavailable_reason()) is not None:
+        pytest.skip(reason)
+    bench = Path(__file__).parents[2] / "benchmarks" / script
+    proc = subprocess.run([sys.executable, str(bench), "--quick", "--nodes", "2", "--rate", "1gbit"],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "# 2 simulated hosts, one rank each, tbf 1gbit"
+    table = [line for line in lines if re.match(r"(allreduce|allgather|reduce_scatter|send/recv|\d+ x )", line)]
+    assert len(table) >= rows, proc.stdout

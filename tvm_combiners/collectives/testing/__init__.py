@@ -1,5 +1,5 @@
 """Test and benchmark aids for the collectives: a simulated cluster of network namespaces."""
 
-from .cluster import ClusterUnavailable, SimulatedCluster
+from .cluster import ClusterUnavailable, SimulatedCluster, launch_across
 
-__all__ = ["ClusterUnavailable", "SimulatedCluster"]
+__all__ = ["ClusterUnavailable", "SimulatedCluster", "launch_across"]

@@ -130,10 +130,12 @@ class SimulatedCluster:
                 'hostname "$0" && exec "$@"', self.names[node], *argv]
 
     def launch_command(self, argv: Sequence[str], ranks_per_node: int = 1, timeout: float = 300,
-                       python: str = sys.executable) -> list[str]:
-        """``tvm-combiners launch`` started on node0 with ``ranks_per_node`` ranks on every node."""
+                       python: str = sys.executable, prefix: bool = True) -> list[str]:
+        """``tvm-combiners launch`` started on node0 with ``ranks_per_node`` ranks on every node
+        (``prefix=False``: the ranks' lines without ``[rank R]``)."""
         return self.on_node(0, [python, "-m", "tvm_combiners.app.cli", "launch", "--hosts", self.hosts(ranks_per_node),
-                                "--launcher-exec", self.launcher, "--timeout", f"{timeout:g}", "--", *argv])
+                                "--launcher-exec", self.launcher, "--timeout", f"{timeout:g}",
+                                *([] if prefix else ["--no-prefix"]), "--", *argv])
 
     def __enter__(self) -> SimulatedCluster:
         reason = unavailable_reason()
@@ -213,6 +215,39 @@ exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" && exec sh -c "$1"' 
         return found
 
 
+def launch_across(nodes: int, argv: Sequence[str], ranks_per_node: int = 1, rate: str | None = None,
+                  timeout: float = 600, prefix: bool = True) -> int:
+    """Run ``argv`` under launch on a simulated cluster made for it; the job's exit code."""
+    with SimulatedCluster(nodes, rate) as cluster:
+        return subprocess.run(cluster.launch_command(argv, ranks_per_node, timeout, prefix=prefix)).returncode
+
+
+def add_cluster_options(parser: argparse.ArgumentParser) -> None:
+    """A benchmark's ``--nodes N [--rate R]``: its ranks on N simulated hosts."""
+    parser.add_argument("--nodes", type=int, default=None, metavar="N",
+                        help="run the ranks on N simulated hosts, one rank each (root; TCP between them)")
+    parser.add_argument("--rate", default=None, metavar="R", help="with --nodes: each host's bandwidth (tc, e.g. 1gbit)")
+
+
+def launch_two_ranks(argv: Sequence[str], nodes: int | None = None, rate: str | None = None,
+                     timeout: float = 900) -> int:
+    """A benchmark's 2 ranks, rank 0 printing its table: on this host, or one on each of 2 simulated
+    hosts (``nodes`` 2, each host's egress limited to ``rate``)."""
+    if nodes is None:
+        if rate is not None:
+            raise SystemExit("--rate needs --nodes 2")
+        from ..runtime.launch import launch
+
+        return launch(2, list(argv), timeout=timeout, prefix=False)
+    if nodes != 2:
+        raise SystemExit(f"--nodes must be 2 (one rank on each), got {nodes}")
+    print(f"# 2 simulated hosts, one rank each, {'tbf ' + rate if rate else 'no rate limit'}", flush=True)
+    try:
+        return launch_across(2, argv, 1, rate, timeout, prefix=False)
+    except (ClusterUnavailable, ValueError) as err:
+        raise SystemExit(str(err)) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tvm_combiners.collectives.testing",
                                      description="Run a command under launch on a simulated cluster, then remove it.")
@@ -226,8 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not command:
         parser.error("give the command after '--'")
     try:
-        with SimulatedCluster(args.nodes, args.rate) as cluster:
-            return subprocess.run(cluster.launch_command(command, args.ranks_per_node, args.timeout)).returncode
+        return launch_across(args.nodes, command, args.ranks_per_node, args.rate, args.timeout)
     except (ClusterUnavailable, ValueError) as err:
         print(f"{parser.prog}: {err}", file=sys.stderr)
         return 2
