@@ -61,6 +61,7 @@ bench: $(VENV)/.installed $(VENV_RELAY)/.installed
 	$(VENV)/bin/python benchmarks/bench_combiners.py
 	$(VENV)/bin/python benchmarks/bench_pass_scaling.py
 	$(VENV)/bin/python benchmarks/bench_cpu_schedules.py
+	$(VENV)/bin/python benchmarks/bench_models.py
 	$(VENV)/bin/python benchmarks/bench_collectives.py
 	$(VENV)/bin/python benchmarks/bench_collective_combiners.py
 	$(VENV)/bin/python benchmarks/bench_collective_pass_scaling.py
