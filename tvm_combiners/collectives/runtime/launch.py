@@ -32,11 +32,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from ...compile.host import on_start_cores, usable_cores
+from ...compile.interrupts import terminate_as_interrupt
 from ...errors import install_line
 from .rank_main import ABORT_PREFIX, HOST_MARKER, LOST_ERROR_PREFIX, MARKER_DIR
 
@@ -432,27 +432,6 @@ def _signal_hint(code: int) -> str:
     if code not in _KILLING_SIGNALS:
         return ""
     return f"; a rank exited with code {code}, or was killed by {signal.Signals(code).name}"
-
-
-@contextlib.contextmanager
-def terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise KeyboardInterrupt while the job runs, so the ranks (in a session of
-    their own, where a terminal's or a batch system's signal does not reach) are killed too."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, _frame: Any) -> None:
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    # a signal ignored by whoever started us (nohup ignores SIGHUP) stays ignored
-    caught = [sig for sig in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(sig) is not signal.SIG_IGN]
-    saved = {sig: signal.signal(sig, interrupt) for sig in caught}
-    try:
-        yield
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
 
 
 def rank_environment(n: int, environ: dict[str, str] | None = None) -> dict[str, str]:

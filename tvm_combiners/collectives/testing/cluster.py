@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-from ..runtime.launch import terminate_as_interrupt
+from ...compile.interrupts import terminate_as_interrupt
 
 PREFIX = "tvc"  # every name the cluster gives starts with it, then the owner's pid
 SUBNET = "10.213.0"
@@ -236,7 +236,7 @@ def launch_two_ranks(argv: Sequence[str], nodes: int | None = None, rate: str | 
     if nodes is None:
         if rate is not None:
             raise SystemExit("--rate needs --nodes 2")
-        from ..runtime.launch import launch
+        from ..runtime import launch  # the function: importing the submodule by path would shadow it
 
         return launch(2, list(argv), timeout=timeout, prefix=False)
     if nodes != 2:
