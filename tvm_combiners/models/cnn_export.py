@@ -17,20 +17,10 @@ import argparse
 import os
 from typing import Any
 
+from .inception import BLOCKS as GOOGLENET_BLOCKS  # the paper's table, kept once
+
 #: ResNet-50: bottleneck blocks per stage (widths 64, 128, 256, 512; 4x as many output channels).
 RESNET50_STAGES = (3, 4, 6, 3)
-#: GoogLeNet: name, (1x1, 3x3 reduce, 3x3, 5x5 reduce, 5x5, pool projection); a max pool precedes 4a and 5a.
-GOOGLENET_BLOCKS = (
-    ("3a", (64, 96, 128, 16, 32, 32)),
-    ("3b", (128, 128, 192, 32, 96, 64)),
-    ("4a", (192, 96, 208, 16, 48, 64)),
-    ("4b", (160, 112, 224, 24, 64, 64)),
-    ("4c", (128, 128, 256, 24, 64, 64)),
-    ("4d", (112, 144, 288, 32, 64, 64)),
-    ("4e", (256, 160, 320, 32, 128, 128)),
-    ("5a", (256, 160, 320, 32, 128, 128)),
-    ("5b", (384, 192, 384, 48, 128, 128)),
-)
 KINDS = ("resnet50", "googlenet", "resnet-mini")
 
 
