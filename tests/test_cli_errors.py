@@ -303,7 +303,7 @@ def test_json_report(capsys, tmp_path):
     doc = json.loads(out)  # the whole of stdout is one document
     assert "[tvm-combiners] compiling combined for llvm" in err  # progress stays on stderr
     assert {k: doc[k] for k in ("ok", "model", "ir", "target", "batch", "seq", "executed", "note")} == {
-        "ok": True, "model": str(path), "ir": "relax", "target": "llvm", "batch": 3, "seq": 128,
+        "ok": True, "model": str(path), "ir": "relax", "target": "llvm", "batch": 3, "seq": None,
         "executed": True, "note": ""}
     baseline, combined = doc["variants"]
     assert (baseline["label"], combined["label"]) == ("baseline", "combined")

@@ -80,8 +80,18 @@ def test_cli_runs_at_the_shapes_given_and_says_so(capsys, tmp_path):
     code, report, err = _run(capsys, str(path), "--input-shapes", "y:[2,2,3,5]", "--seq", "6")
     assert code == 0, err
     assert report["inputs"] == {"x": [2, 8], "y": [2, 2, 3, 5]} and report["inputs_file"] is None
+    assert (report["batch"], report["seq"]) == (None, None)  # y's shape sized x's n: --batch 1 and --seq 6 sized nothing
     assert len(report["groups"]) == 1 and all(v["max_abs_diff"] <= 1e-5 for v in report["variants"])
     assert "[tvm-combiners] preparing (y 2x2x3x5; batch 1, seq 6)" in err
+
+
+def test_json_reports_no_batch_or_seq_where_the_shapes_given_sized_every_input(capsys, tmp_path):
+    path = _model(tmp_path / "m.onnx")
+    # 4 and 3 stand in the shapes, but the user's shapes put them there, not --batch/--seq
+    code, report, err = _run(capsys, str(path), "--input-shapes", "x:4x8,y:4x2x3x3", "--batch", "4", "--seq", "3")
+    assert code == 0, err
+    assert report["inputs"] == {"x": [4, 8], "y": [4, 2, 3, 3]}
+    assert (report["batch"], report["seq"]) == (None, None)
 
 
 def test_cli_runs_on_the_data_given_and_compares_it_with_onnxruntime(capsys, tmp_path):
@@ -92,6 +102,7 @@ def test_cli_runs_on_the_data_given_and_compares_it_with_onnxruntime(capsys, tmp
     code, report, err = _run(capsys, str(path), "--inputs", str(tmp_path / "in.npz"))
     assert code == 0, err
     assert report["inputs"] == {"x": [5, 8], "y": [5, 2, 3, 3]} and report["inputs_file"] == str(tmp_path / "in.npz")
+    assert (report["batch"], report["seq"]) == (None, None)
     expected = run_onnxruntime(prepare_onnx(_model(), shapes={k: v.shape for k, v in data.items()}), data)
     np.testing.assert_allclose(expected[0], data["x"] @ numpy_helper.to_array(_model().graph.initializer[0]), rtol=1e-5)
     assert all(v["max_abs_diff"] <= 1e-5 for v in report["variants"])

@@ -100,6 +100,12 @@ def test_the_header_shows_the_sizes_the_modules_ran_on() -> None:
     assert image.sizes() == "batch 1  seq 10"  # said "--seq 10 does not apply" (review)
     swapped = JobReport("m.onnx", "relax", "llvm", 2, 8, inputs={"b_t": [8, 2, 16]})  # named dims
     assert swapped.sizes() == "batch 2  seq 8"
+    # --json reports the sizes that sized something, null for the others
+    sized = {name: [r.to_dict()[k] for k in ("batch", "seq")] for name, r in
+             [("dynamic", dynamic), ("static", static), ("no_seq", no_seq), ("image", image)]}
+    assert sized == {"dynamic": [3, 5], "static": [None, None], "no_seq": [3, None], "image": [1, 10]}
+    given = JobReport("m.onnx", "relax", "llvm", 1, 128, inputs={"ids": [1, 128]}, shapes_given=True, all_given=True)
+    assert (given.to_dict()["batch"], given.to_dict()["seq"]) == (None, None)  # the user's shapes, not the sizes
 
 
 def test_onnxruntime_is_timed_on_the_cores_the_process_started_with(monkeypatch) -> None:

@@ -64,18 +64,23 @@ class JobReport:
     #: tuned modules' check and timed too, so the report says whether tuning paid at this budget.
     untuned: Variant | None = None
     shapes_given: bool = False  # input shapes or data came from the user, not --batch/--seq alone
+    all_given: bool = False  # every input's shape came from the user: --batch/--seq sized nothing
     inputs_file: str | None = None  # the .npz the inputs came from
+
+    def sizes_used(self) -> dict[str, int | None]:
+        """``--batch`` and ``--seq`` where they sized an input, None where they did not (``--json``'s values)."""
+        shapes = list(self.inputs.values())
+        # a size applied wherever it stands (a named dim may put the batch on axis 1, --seq sets an
+        # image's height and width): it does not apply only where no input has it at all
+        return {name: None if self.all_given or (shapes and not any(size in shape for shape in shapes)) else size
+                for name, size in (("batch", self.batch), ("seq", self.seq))}
 
     def sizes(self) -> str:
         """``batch B  seq S``; the input shapes instead where the user gave them, or where the model fixed
         a size that --batch/--seq asked otherwise."""
         if self.shapes_given:
             return f"inputs {input_shapes(self.inputs)}" + (f" from {self.inputs_file}" if self.inputs_file else "")
-        shapes = list(self.inputs.values())
-        # a size applied wherever it stands (a named dim may put the batch on axis 1, --seq sets an
-        # image's height and width): it does not apply only where no input has it at all
-        unused = [f"--{name} {size}" for name, size in (("batch", self.batch), ("seq", self.seq))
-                  if shapes and not any(size in shape for shape in shapes)]
+        unused = [f"--{name} {getattr(self, name)}" for name, size in self.sizes_used().items() if size is None]
         if not unused:
             return f"batch {self.batch}  seq {self.seq}"
         listed = input_shapes(self.inputs)
@@ -185,8 +190,8 @@ class JobReport:
 
     def to_dict(self) -> dict[str, Any]:
         """The report as plain JSON values (``--json``): seconds, not milliseconds."""
-        return {"ok": True, "model": self.model, "ir": self.ir, "target": self.target, "batch": self.batch,
-                "seq": self.seq, "variants": [asdict(v) for v in self.variants], "speedup": self.speedup(),
+        return {"ok": True, "model": self.model, "ir": self.ir, "target": self.target,
+                **self.sizes_used(), "variants": [asdict(v) for v in self.variants], "speedup": self.speedup(),
                 "speedup_measurable": self.speedup_measurable(),
                 "speedup_rounds": list(self.round_speedups), "combine_as": self.combine_as,
                 "groups": list(self.groups), "executed": self.executed, "note": self.note,

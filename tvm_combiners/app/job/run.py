@@ -219,6 +219,7 @@ class _Job:
         self.report = JobReport(self.path, self.ir, o.target, o.batch, o.seq, combine_as="stack" if o.stack else "concat",
                                 inputs={name: list(array.shape) for name, array in self.inputs.items()},
                                 shapes_given=bool(o.input_shapes) or self.given is not None,
+                                all_given=self.given is not None or set(o.input_shapes or ()) >= set(self.inputs),
                                 inputs_file=None if o.inputs is None or isinstance(o.inputs, Mapping) else str(o.inputs))
         self.executable = o.target == "llvm" or self.backend.has_gpu()
         if not self.executable:
