@@ -37,3 +37,16 @@ def readme_block():
         return blocks[0]
 
     return find
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A simulated cluster of two nodes for the tests of one module; skipped, naming what is missing, where
+    the machine cannot make one (not root, no ``ip``)."""
+    from tvm_combiners.collectives.testing import ClusterUnavailable, SimulatedCluster
+
+    try:
+        with SimulatedCluster(nodes=2) as made:
+            yield made
+    except ClusterUnavailable as err:
+        pytest.skip(str(err))

@@ -24,18 +24,8 @@ PROGS = Path(__file__).parent / "progs"
 TIMEOUT_S = 300
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    try:
-        with SimulatedCluster(nodes=2) as made:
-            yield made
-    except ClusterUnavailable as err:
-        pytest.skip(str(err))
-
-
-def _run(cluster: SimulatedCluster, argv: list[str], ranks_per_node: int = 2, timeout: float = TIMEOUT_S):
-    cmd = cluster.launch_command(argv, ranks_per_node, timeout)
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 60)
+def _run(cluster: SimulatedCluster, argv: list[str], timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:
+    return cluster.run(argv, 2, timeout)  # 2 nodes x 2 ranks
 
 
 def test_the_cluster_module_leaves_the_runtimes_launch_a_function() -> None:

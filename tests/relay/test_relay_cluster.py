@@ -8,27 +8,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from test_relay_collectives import check_relay_ranks
 
-from tvm_combiners.collectives.testing import ClusterUnavailable, SimulatedCluster
+from tvm_combiners.collectives.testing import SimulatedCluster
 
 PROG = Path(__file__).parents[1] / "collectives" / "progs" / "combiners_relay_prog.py"
 TIMEOUT_S = 300
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    try:
-        with SimulatedCluster(nodes=2) as made:
-            yield made
-    except ClusterUnavailable as err:
-        pytest.skip(str(err))
-
-
 def _run(cluster: SimulatedCluster, argv: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(cluster.launch_command(argv, 2, TIMEOUT_S), capture_output=True, text=True,
-                          timeout=TIMEOUT_S + 60)
+    return cluster.run(argv, 2, TIMEOUT_S)  # 2 nodes x 2 ranks
 
 
 def test_every_collective_on_two_nodes_relay(cluster: SimulatedCluster, tmp_path: Path) -> None:

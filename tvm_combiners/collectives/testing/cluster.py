@@ -137,6 +137,12 @@ class SimulatedCluster:
                                 "--launcher-exec", self.launcher, "--timeout", f"{timeout:g}",
                                 *([] if prefix else ["--no-prefix"]), "--", *argv])
 
+    def run(self, argv: Sequence[str], ranks_per_node: int = 1, timeout: float = 300) -> subprocess.CompletedProcess:
+        """``argv`` under ``launch`` across every node (:meth:`launch_command`), its output captured; the
+        launcher's own timeout ends the job, this one (a minute later) only a launcher that hangs."""
+        return subprocess.run(self.launch_command(argv, ranks_per_node, timeout), capture_output=True, text=True,
+                              timeout=timeout + 60)
+
     def __enter__(self) -> SimulatedCluster:
         reason = unavailable_reason()
         if reason is not None:
