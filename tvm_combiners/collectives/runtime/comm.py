@@ -9,6 +9,7 @@ every rank runs the same program and meets the same ``groups`` strings in the sa
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -132,6 +133,43 @@ def group(groups: str, op: str) -> Group:
         # key=position orders the sub-communicator as the group lists its ranks.
         found = Group(world.Split(color, position), members, position)
     _groups[groups] = found
+    return found
+
+
+#: The number of disco groups (``launch --disco-groups G``): disco splits its workers into G equal runs
+#: of consecutive workers, and a ``runtime.disco.*`` collective with ``in_group=True`` runs within one.
+DISCO_GROUPS_ENV = "TVM_COMBINERS_DISCO_GROUPS"
+
+
+def disco_group_size(text: str, size: int, op: str) -> int:
+    """Ranks per disco group for ``TVM_COMBINERS_DISCO_GROUPS=text`` ("" means 1 group) in a job of ``size``."""
+    count = text.strip() or "1"
+    if not count.isdigit() or int(count) < 1:
+        raise ValueError(f"{op}: {DISCO_GROUPS_ENV}={text!r} is not a positive whole number of groups")
+    if size % int(count):
+        raise ValueError(f"{op}: {DISCO_GROUPS_ENV}={count} does not divide the job's {size} "
+                         f"rank{'s' if size != 1 else ''}: disco's groups are equal runs of consecutive ranks")
+    return size // int(count)
+
+
+def job_disco_group_size(op: str) -> int:
+    """Ranks per disco group in this job (``TVM_COMBINERS_DISCO_GROUPS``), checked."""
+    return disco_group_size(os.environ.get(DISCO_GROUPS_ENV, ""), world_size(), op)
+
+
+_disco_groups: dict[str, str] = {}  # by the variable's text: one parse per process, not per collective
+
+
+def disco_groups(op: str) -> str:
+    """The ``groups`` string of the job's disco groups (``""``: one group of every rank), checked."""
+    text = os.environ.get(DISCO_GROUPS_ENV, "")
+    found = _disco_groups.get(text)
+    if found is None:
+        size = world_size()
+        per = disco_group_size(text, size, op)
+        found = "" if per == size else ";".join(",".join(map(str, range(start, start + per)))
+                                                for start in range(0, size, per))
+        _disco_groups[text] = found
     return found
 
 

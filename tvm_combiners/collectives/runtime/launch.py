@@ -38,6 +38,7 @@ from typing import Any
 from ...compile.host import on_start_cores, usable_cores
 from ...compile.interrupts import terminate_as_interrupt
 from ...errors import install_line
+from .comm import DISCO_GROUPS_ENV
 from .rank_main import ABORT_PREFIX, HOST_MARKER, LOST_ERROR_PREFIX, MARKER_DIR
 
 DEFAULT_TIMEOUT = 300.0
@@ -482,7 +483,8 @@ def check_job(n: int, timeout: float | None) -> float:
 
 def launch(n: int | None, argv: list[str], timeout: float | None = None, prefix: bool | None = None,
            hosts: Hosts | str | None = None, hostfile: str | os.PathLike | None = None,
-           launcher_exec: str | None = None, job_dir: str | os.PathLike | None = None) -> int:
+           launcher_exec: str | None = None, job_dir: str | os.PathLike | None = None,
+           disco_groups: int | None = None) -> int:
     """Run ``argv`` on ``n`` ranks; return its exit code (124 after a timeout), naming failed ranks.
 
     Each rank's stdout reaches ours whole line by whole line, prefixed ``[rank R]`` where ``prefix``
@@ -498,10 +500,15 @@ def launch(n: int | None, argv: list[str], timeout: float | None = None, prefix:
     ssh or the program ``launcher_exec`` (called as ssh is: options, the host, the command). The job's
     folder (the ranks' output and markers) is made in ``job_dir``, by default the current directory
     when there are hosts (every host must see it), else the system's temporary folder.
+
+    ``disco_groups`` (G) splits the ranks into G disco groups of consecutive ranks, for TVM's
+    ``runtime.disco.*`` collectives called with ``in_group=True`` (``TVM_COMBINERS_DISCO_GROUPS``; G must
+    divide ``n``). None leaves the environment's setting, by default one group.
     """
     hosts = job_hosts(hosts, hostfile)
     n = job_size(n, hosts)
     timeout = check_job(n, timeout)
+    check_disco_groups(n, disco_groups)
     if launcher_exec is not None and shutil.which(launcher_exec) is None:
         raise ValueError(f"{PREFIX}: launcher {launcher_exec!r} is not an executable path, nor on PATH")
     argv = list(argv)
@@ -541,6 +548,8 @@ def launch(n: int | None, argv: list[str], timeout: float | None = None, prefix:
         try:
             with terminate_as_interrupt():
                 env = {**rank_environment(per_host), MARKER_DIR: folder}
+                if disco_groups is not None:
+                    env[DISCO_GROUPS_ENV] = str(disco_groups)
                 with on_start_cores():  # ranks forked from a thread TVM's pool pinned would all run on its core
                     proc = subprocess.Popen(cmd, start_new_session=True, env=env, stdout=subprocess.PIPE)
                 stdout = _Stdout(proc.stdout)
@@ -611,7 +620,8 @@ def launch(n: int | None, argv: list[str], timeout: float | None = None, prefix:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``-n/--np N [--hosts H:N,...|--hostfile F] [--timeout S] -- command ...`` (for ``tvm-combiners launch``)."""
+    """``-n/--np N [--hosts H:N,...|--hostfile F] [--timeout S] [--disco-groups G] -- command ...`` (for
+    ``tvm-combiners launch``)."""
     parser.add_argument("-n", "--np", dest="np", type=int, default=None, metavar="N",
                         help="number of ranks (default with --hosts/--hostfile: every slot)")
     parser.add_argument("--hosts", default=None, metavar="H:N,...",
@@ -624,11 +634,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "every host must see; else the temporary folder)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
                         help=f"seconds before every rank is killed (default {DEFAULT_TIMEOUT:g})")
+    parser.add_argument("--disco-groups", type=int, default=None, metavar="G",
+                        help="split the ranks into G groups of consecutive ranks for TVM's runtime.disco "
+                             "collectives with in_group=True (G must divide N; default 1)")
     parser.add_argument("--no-prefix", action="store_true",
                         help="copy the ranks' stdout lines without their '[rank R] ' prefix (whole lines still)")
     # dest "argv", not "command": tvm-combiners' subparsers already store the subcommand in "command"
     parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="command",
                         help="the command after '--'; python programs run as under python -m mpi4py")
+
+
+def check_disco_groups(n: int, groups: int | None) -> None:
+    """ValueError unless ``groups`` (None: not given) is a positive number of groups that divides ``n``."""
+    if groups is None:
+        return
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ValueError(f"{PREFIX}: --disco-groups must be a positive whole number of groups, got {groups!r}")
+    if n % groups:
+        raise ValueError(f"{PREFIX}: --disco-groups {groups} does not divide the {n} rank{'s' if n != 1 else ''}: "
+                         "disco's groups are equal runs of consecutive ranks")
 
 
 def resolve(args: argparse.Namespace) -> None:
@@ -637,6 +661,7 @@ def resolve(args: argparse.Namespace) -> None:
     args.hosts = job_hosts(args.hosts, args.hostfile)
     args.hostfile = None
     args.np = job_size(args.np, args.hosts)
+    check_disco_groups(args.np, getattr(args, "disco_groups", None))
 
 
 def main(args: argparse.Namespace) -> int:
@@ -644,7 +669,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         resolve(args)
         return launch(args.np, args.argv, timeout=args.timeout, prefix=False if args.no_prefix else None,
-                      hosts=args.hosts, launcher_exec=args.launcher_exec, job_dir=args.job_dir)
+                      hosts=args.hosts, launcher_exec=args.launcher_exec, job_dir=args.job_dir,
+                      disco_groups=getattr(args, "disco_groups", None))
     except (ValueError, FileNotFoundError) as err:
         # as the CLI's other usage errors (and argparse's own for launch) read
         print(f"tvm-combiners: error: launch: {str(err).removeprefix(PREFIX + ': ')}", file=sys.stderr)
