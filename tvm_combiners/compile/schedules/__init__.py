@@ -13,13 +13,16 @@ rule has scheduled a function, in this order:
   vector registers over a segment of an output row, the weight repacked once, the epilogue
   computed on each tile.
 - :class:`~.pool.CPUPool`: 2-d pools read with stride 1 along the output's innermost axis.
+- :class:`~.reduction.CPUReduction`: softmax, layer norm and other reductions along the last axis,
+  every stage computed on one row while it is in cache, the rows in parallel where the work is large,
+  vectors along the row.
 - :class:`~.injective.CPUInjective`: the catch-all for functions without a reduction
   (elementwise, broadcast, transpose, concat, pad): inlined into one loop nest where TVM allows,
   outer loops in parallel where the nest is large, the innermost vectorized.
 
 A weight repacking a rule asks for is a block TVM's SplitLayoutRewritePreproc splits into a
 function of its own; FoldConstant then computes it at compile time where the weight is a constant.
-Reductions (layer norms, softmax, means) keep their loops: dlight's CPU reduction rule
+Other reductions (over a non-last axis) keep their loops: dlight's CPU reduction rule
 parallelizes a softmax or mean over a non-last axis into every thread recomputing the whole
 reduction into one shared buffer (slower, and a data race), so it is not applied. A rule only
 splits, reorders, caches, repacks and annotates loops with TVM's schedule primitives, which check
@@ -37,11 +40,12 @@ from .gemv import CPUGemv
 from .injective import CPUInjective, root_blocks
 from .matmul import CPUMatmul
 from .pool import CPUPool
+from .reduction import CPUReduction
 
 
 def cpu_rules() -> list[dlight.ScheduleRule]:
     """The rules an untuned llvm build schedules with (and tuning times as each task's default)."""
-    return [CPUMatmul(), CPUGemv(), CPUConv2D(), CPUPool(), CPUInjective()]
+    return [CPUMatmul(), CPUGemv(), CPUConv2D(), CPUPool(), CPUReduction(), CPUInjective()]
 
 
 def default_schedules() -> tvm.transform.Pass:
