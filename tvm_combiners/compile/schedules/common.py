@@ -1,12 +1,41 @@
-"""Loop helpers every CPU schedule rule uses: static extents, what an index reads, vector widths."""
+"""What every CPU schedule rule shares: the rule's frame, static extents, what an index reads, vector widths."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from tvm import s_tir, tirx
+from tvm.s_tir import dlight
 from tvm.target import Target
 from tvm.target.codegen import target_has_features
+
+
+class CPURule(dlight.ScheduleRule):
+    """A rule for llvm targets: ``_schedule(func, target, *attempt)`` for each of ``ATTEMPTS`` in turn.
+
+    ``_schedule`` returns the schedule, or None to decline the function. A schedule primitive that
+    refuses (a ScheduleError, or a region it cannot match: RuntimeError, ValueError) moves on to the next,
+    more modest attempt; where every attempt is refused the function keeps its loops.
+    """
+
+    ATTEMPTS: tuple[tuple[Any, ...], ...] = ((),)
+
+    def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+            return None
+        for attempt in self.ATTEMPTS:
+            try:
+                return self._schedule(func, target, *attempt)
+            except (RuntimeError, ValueError):
+                continue
+        return None
+
+    def _schedule(self, func: tirx.PrimFunc, target: Target, *attempt: Any) -> s_tir.Schedule | None:
+        raise NotImplementedError
+
+
+#: The attempts of a rule that fuses the elementwise epilogue where it can, and schedules without it where not.
+WITH_EPILOGUE_THEN_WITHOUT = ((True,), (False,))
 
 
 def loop_extent(sch: s_tir.Schedule, loop: Any) -> int | None:

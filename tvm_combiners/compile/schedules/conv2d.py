@@ -6,11 +6,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from tvm import s_tir, tirx
-from tvm.s_tir import dlight
 from tvm.target import Target
 from tvm.target.codegen import target_has_features
 
-from .common import loop_extent, reads_var, vector_lanes
+from .common import WITH_EPILOGUE_THEN_WITHOUT, CPURule, loop_extent, reads_var, vector_lanes
 from .injective import is_spatial, parallel_outer, root_blocks, schedule_injective
 
 # The block annotation TVM's SplitLayoutRewritePreproc splits into a function of its own (which
@@ -39,7 +38,7 @@ class _Conv:
     bits: int  # the accumulator dtype's bits
 
 
-class CPUConv2D(dlight.ScheduleRule):
+class CPUConv2D(CPURule):
     """``conv2d`` in NCHW with an OIHW weight, any stride, padding and dilation, with groups.
 
     Where a vector of the target divides a group's output channels, a tile is ``TILE_VECTORS``
@@ -55,15 +54,7 @@ class CPUConv2D(dlight.ScheduleRule):
     sizes, other layouts and other functions are declined: they keep their loops.
     """
 
-    def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-            return None
-        for fuse_epilogue in (True, False):
-            try:
-                return self._schedule(func, target, fuse_epilogue)
-            except (RuntimeError, ValueError):  # a primitive refused (ScheduleError, or a region it cannot match)
-                continue  # without the epilogue, then not at all: the function keeps its loops
-        return None
+    ATTEMPTS = WITH_EPILOGUE_THEN_WITHOUT
 
     def _schedule(self, func: tirx.PrimFunc, target: Target, fuse_epilogue: bool) -> s_tir.Schedule | None:
         sch = s_tir.Schedule(func)

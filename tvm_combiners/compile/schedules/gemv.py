@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from tvm import s_tir, tirx
-from tvm.s_tir import dlight
 from tvm.target import Target
 
-from .common import loop_extent, reads_var, vector_lanes
+from .common import CPURule, loop_extent, reads_var, vector_lanes
 from .injective import is_spatial, parallel_outer, product, root_blocks, schedule_injective
 
 # Vectors of one column block: its accumulators stay in registers while K passes, and each row of
@@ -16,7 +15,7 @@ from .injective import is_spatial, parallel_outer, product, root_blocks, schedul
 TILE_VECTORS = 4
 
 
-class CPUGemv(dlight.ScheduleRule):
+class CPUGemv(CPURule):
     """``C[..., 0, j] (+)= A[..., 0, k] * B[k, j]`` (every spatial loop but ``j`` of extent 1), ``j``
     contiguous in ``B`` and ``C``: ``C`` in column blocks of up to ``TILE_VECTORS`` vectors, each
     accumulated in registers over all of K (each element of A one broadcast), the blocks in parallel
@@ -24,14 +23,6 @@ class CPUGemv(dlight.ScheduleRule):
     each block. :class:`~.matmul.CPUMatmul` takes the GEMMs of more rows; it declines these (they
     have no row loop to tile). Other functions are declined.
     """
-
-    def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-            return None
-        try:
-            return self._schedule(func, target)
-        except (RuntimeError, ValueError):  # a primitive refused: the function keeps its loops
-            return None
 
     def _schedule(self, func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
         sch = s_tir.Schedule(func)

@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from tvm import s_tir, tirx
-from tvm.s_tir import dlight
 from tvm.target import Target
 
-from .common import loop_extent, vector_lanes, vectorize_inner
+from .common import CPURule, loop_extent, vector_lanes, vectorize_inner
 
 # Loop nests over fewer elements than this (of their output; of the weight a GEMV streams) run on one thread:
 # a parallel loop's launch costs tens of microseconds where the cores are busy (a 3x3 max pool of
@@ -21,31 +20,26 @@ PARALLEL_MIN_ELEMENTS = 1 << 18
 PARALLEL_ITERATIONS = 256
 
 
-class CPUInjective(dlight.ScheduleRule):
+class CPUInjective(CPURule):
     """Functions whose every block is spatial: each intermediate block inlined into its consumers
     where TVM allows, then each remaining loop nest's outer loops fused and run in parallel (from
     ``PARALLEL_MIN_ELEMENTS`` elements) and its innermost loop vectorized where a vector divides
     it. Functions with a reduction are declined, and so are those without blocks.
     """
 
-    def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+    def _schedule(self, func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+        sch = s_tir.Schedule(func)
+        blocks = root_blocks(sch)
+        if not blocks or not all(is_spatial(sch, b) for b in blocks):
             return None
-        try:
-            sch = s_tir.Schedule(func)
-            blocks = root_blocks(sch)
-            if not blocks or not all(is_spatial(sch, b) for b in blocks):
-                return None
-            for block in blocks[:-1]:
-                try:
-                    sch.compute_inline(block)
-                except (RuntimeError, ValueError):  # read at other points, or by several blocks: it stays
-                    continue
-            for block in root_blocks(sch):
-                schedule_injective(sch, block, target)
-            return sch
-        except (RuntimeError, ValueError):  # a primitive refused: the function keeps its loops
-            return None
+        for block in blocks[:-1]:
+            try:
+                sch.compute_inline(block)
+            except (RuntimeError, ValueError):  # read at other points, or by several blocks: it stays
+                continue
+        for block in root_blocks(sch):
+            schedule_injective(sch, block, target)
+        return sch
 
 
 def root_blocks(sch: s_tir.Schedule) -> list[Any]:

@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from tvm import s_tir, tirx
-from tvm.s_tir import dlight
 from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
 from tvm.target import Target
 
-from .common import loop_extent, reads_var, vector_lanes, vectorize_inner
+from .common import WITH_EPILOGUE_THEN_WITHOUT, CPURule, loop_extent, reads_var, vector_lanes, vectorize_inner
 
 # Output rows per tile and vector registers per row: 4 x 2 accumulator registers leave room for the
 # operands in x86's 16 vector registers (the fastest tile of those bench_cpu_schedules.py compares).
@@ -21,7 +20,7 @@ K_BLOCKS = (256, 192, 128)
 K_BLOCK_C_BYTES = 64 * 1024
 
 
-class CPUMatmul(dlight.ScheduleRule):
+class CPUMatmul(CPURule):
     """``C[..., i, j] (+)= A[..., i, k] * B[..., k, j]`` with ``j`` contiguous in ``B`` and ``C``.
 
     A ``TILE_ROWS x TILE_VECTORS`` vectors tile of C accumulates in registers; tiles run column
@@ -30,15 +29,7 @@ class CPUMatmul(dlight.ScheduleRule):
     another form are declined.
     """
 
-    def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-            return None
-        for fuse_epilogue in (True, False):
-            try:
-                return self._schedule(func, target, fuse_epilogue)
-            except (RuntimeError, ValueError):  # a primitive refused (ScheduleError, or a region it cannot match)
-                continue  # without the epilogue, then not at all: the function keeps its loops
-        return None
+    ATTEMPTS = WITH_EPILOGUE_THEN_WITHOUT
 
     def _schedule(self, func: tirx.PrimFunc, target: Target, fuse_epilogue: bool) -> s_tir.Schedule | None:
         sch = s_tir.Schedule(func)

@@ -5,18 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 from tvm import s_tir, tirx
-from tvm.s_tir import dlight
 from tvm.sym.pattern import detect_linear_equation
 from tvm.target import Target
 
-from .common import loop_extent, reads_var, vector_lanes
+from .common import WITH_EPILOGUE_THEN_WITHOUT, CPURule, loop_extent, reads_var, vector_lanes
 from .injective import is_spatial, parallel_outer, product, root_blocks, schedule_injective
 
 # Vectors of one tile: the accumulators of a window stay in registers as the window's taps pass.
 TILE_VECTORS = 4
 
 
-class CPUPool(dlight.ScheduleRule):
+class CPUPool(CPURule):
     """``max_pool2d``/``avg_pool2d`` in NCHW or NHWC, any padding and dilation, the output's
     innermost axis (the row in NCHW, the channels in NHWC) read with stride 1: that axis in one
     vector where it is at most ``TILE_VECTORS`` of the target's widest vectors (LLVM splits a vector
@@ -28,15 +27,7 @@ class CPUPool(dlight.ScheduleRule):
     are declined: LLVM's own vectorizer does well on their loops.
     """
 
-    def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-            return None
-        for fuse_epilogue in (True, False):
-            try:
-                return self._schedule(func, target, fuse_epilogue)
-            except (RuntimeError, ValueError):  # a primitive refused: the function keeps its loops
-                continue
-        return None
+    ATTEMPTS = WITH_EPILOGUE_THEN_WITHOUT
 
     def _schedule(self, func: tirx.PrimFunc, target: Target, fuse_epilogue: bool) -> s_tir.Schedule | None:
         sch = s_tir.Schedule(func)

@@ -7,10 +7,9 @@ from typing import Any
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
-from tvm.s_tir import dlight
 from tvm.target import Target
 
-from .common import loop_extent, reads_var, vector_lanes, vectorize_inner
+from .common import CPURule, loop_extent, reads_var, vector_lanes, vectorize_inner
 from .injective import is_spatial, parallel_outer, product, root_blocks
 
 # Math LLVM lowers to a libm call per element: without a vector math library it splits a vector of
@@ -21,7 +20,7 @@ SCALAR_CALLS = frozenset(f"tirx.{name}" for name in (
     "sigmoid", "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "fmod"))
 
 
-class CPUReduction(dlight.ScheduleRule):
+class CPUReduction(CPURule):
     """Functions of reductions along the innermost axis (each ``out[row] = reduce(a[row, k])``, one
     reduction iterator, the last) and spatial blocks around them: softmax, layer norm, RMS norm,
     sum, mean and max over the last axis, with the elementwise prologue and epilogue FuseOps put in
@@ -38,15 +37,7 @@ class CPUReduction(dlight.ScheduleRule):
     iterators, symbolic extents and blocks of other kinds are declined: the function keeps its loops.
     """
 
-    def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-            return None
-        for vector_reductions in (True, False):
-            try:
-                return self._schedule(func, target, vector_reductions)
-            except (RuntimeError, ValueError):  # a primitive refused: try without rfactor, then keep the loops
-                continue
-        return None
+    ATTEMPTS = ((True,), (False,))  # with vectors of partial results (rfactor), then without
 
     def _schedule(self, func: tirx.PrimFunc, target: Target, vector_reductions: bool) -> s_tir.Schedule | None:
         sch = s_tir.Schedule(func)
