@@ -1,17 +1,26 @@
-"""Real-size models through the CLI: each exported with random weights, then ``tvm-combiners run``.
+"""Real-size models through the CLI: each exported with random weights (or fetched), then ``tvm-combiners run``.
 
-    .venv/bin/python benchmarks/bench_models.py [--models bert-base,gpt2,t5-small,resnet50,googlenet]
+    .venv/bin/python benchmarks/bench_models.py [--models bert-base,gpt2,t5-small,vit-s,resnet50,...]
                                                 [--ir relax|relay|both] [--repeat 3] [--small]
 
-Each model is exported into a temporary folder (BERT-base, GPT-2 124M and T5-small from transformers
-configs, ``tvm_combiners.models.hf_export``; ResNet-50 and GoogLeNet, ``tvm_combiners.models.cnn_export``)
-and run by ``tvm-combiners run --json`` at its real input shapes (``--input-shapes``), in the
-environment of each IR. One row per model and IR: the ops before and after combining, the largest
-difference from onnxruntime, the verdict, the median latencies, the job's speed-up (the median of its
-alternating rounds' ratios; ``n.s.``: no measurable difference), onnxruntime's latency with TVM's
-thread count, and the job's wall time. A model that fails is a row saying why (its stage and
-message); the script then exits 1, after the table. ``--small`` exports tiny configurations of the same models at small shapes (the smoke test): the
-transformers at one layer, hidden 64 and 32 tokens, a one-block-a-stage ResNet and GoogLeNet on 32x32.
+Each model is written into a temporary folder and run by ``tvm-combiners run --json`` at its real
+input shapes (``--input-shapes``), in the environment of each IR. BERT-base, GPT-2 124M, T5-small
+and ViT-S/16 come from transformers configs (``tvm_combiners.models.hf_export``); ResNet-50,
+GoogLeNet, VGG16, Inception-v3 (299x299) and EfficientNet-B0 from our own torch code
+(``tvm_combiners.models.cnn_export``). Silero VAD is a model nobody here wrote: the ONNX files of the
+``silero-vad`` wheel, fetched from PyPI with ``pip download`` (no dependencies installed), run on
+one 16 kHz chunk (512 samples after 64 of context, its LSTM state, ``sr`` 16000) given as
+``--inputs`` data: ``silero`` is the file without LSTM ops (``silero_vad_op18_ifless.onnx``: one
+``If`` on the sample rate), ``silero-op15`` the one with them (``silero_vad_16k_op15.onnx``).
+
+One row per model and IR: the ops before and after combining, the largest difference from
+onnxruntime, the verdict, the median latencies, the job's speed-up (the median of its alternating
+rounds' ratios; ``n.s.``: no measurable difference), onnxruntime's latency with TVM's thread count,
+and the job's wall time. A model that fails is a row saying why (its stage and message); the
+script then exits 1, after the table. ``--small`` exports tiny configurations of the same models at
+small shapes (the smoke test): the transformers at one layer, hidden 64 and 32 tokens (ViT: a
+32x32 image), a one-block-a-stage ResNet, VGG16's layers at an eighth of their width, GoogLeNet
+and EfficientNet-B0 on 32x32 images and Inception-v3 on 75x75 (its smallest); Silero runs as it is.
 """
 
 from __future__ import annotations
@@ -22,9 +31,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from tvm_combiners.app.text_table import table
 from tvm_combiners.models import hf_export
@@ -32,16 +44,20 @@ from tvm_combiners.models import hf_export
 ROOT = Path(__file__).resolve().parents[1]
 PYTHONS = {"relax": ROOT / ".venv" / "bin" / "python", "relay": ROOT / ".venv-relay" / "bin" / "python"}
 TINY = {"layers": 1, "hidden": 64, "heads": 4, "vocab": 500}  # --small: every transformer at this size
-SMALL_IMAGE = 32  # --small: the CNNs' image side
+SMALL_IMAGE = 32  # --small: the CNNs' image side (Inception-v3's: its smallest)
+SILERO_WHEEL = "silero-vad==6.2.3"
+SILERO_CHUNK, SILERO_CONTEXT = 512, 64  # 16 kHz: the samples of one call and those kept from the last
 
 
 @dataclass
 class Model:
-    """A model to export: its label, how to write it to a path, and the input shapes it runs at."""
+    """A model to write to a path (its export, or its fetch), the input shapes it runs at, and, where
+    generated inputs would not be its real ones, the data to run it on (``--inputs``)."""
 
     label: str
     export: Callable[[Path, bool], None]
     shapes: Callable[[bool], str]
+    data: Callable[[], dict[str, np.ndarray]] | None = None
 
 
 def _transformer(name: str) -> Callable[[Path, bool], None]:
@@ -55,26 +71,65 @@ def _text_shapes(*names: str) -> Callable[[bool], str]:
     return lambda small: ",".join(f"{n}:1x{32 if small else 128}" for n in names)
 
 
-def _cnn(kind: str, small_kind: str) -> Callable[[Path, bool], None]:
+def _vit(path: Path, small: bool) -> None:
+    tiny = {k: v for k, v in TINY.items() if k != "vocab"}
+    hf_export.export_vit(path, **({**tiny, "image": SMALL_IMAGE} if small else hf_export.REAL_SIZES["vit"]))
+
+
+def _cnn(kind: str, small_kind: str, image: int = 224, small_image: int = SMALL_IMAGE) -> Callable[[Path, bool], None]:
     def export(path: Path, small: bool) -> None:
         from tvm_combiners.models.cnn_export import export_cnn
 
-        export_cnn(path, small_kind if small else kind, SMALL_IMAGE if small else 224)
+        export_cnn(path, small_kind if small else kind, small_image if small else image)
     return export
 
 
-def _image_shapes(small: bool) -> str:
-    """One 224x224 RGB image (SMALL_IMAGE square under --small)."""
-    side = SMALL_IMAGE if small else 224
-    return f"input:1x3x{side}x{side}"
+def _image_shapes(name: str = "input", image: int = 224, small_image: int = SMALL_IMAGE) -> Callable[[bool], str]:
+    """One RGB image, ``image`` square (``small_image`` under --small)."""
+    return lambda small: f"{name}:1x3x{small_image if small else image}x{small_image if small else image}"
+
+
+def _silero(member: str) -> Callable[[Path, bool], None]:
+    """Unzip ``silero_vad/data/<member>`` from the wheel, which ``pip download`` fetches once into
+    the path's folder (its own ONNX files: no torch, no torchaudio)."""
+    def fetch(path: Path, small: bool) -> None:
+        wheels = path.parent / "wheels"
+        found = sorted(wheels.glob("silero_vad-*.whl"))
+        if not found:
+            proc = subprocess.run([sys.executable, "-m", "pip", "download", SILERO_WHEEL, "--no-deps", "-q",
+                                   "-d", str(wheels)], capture_output=True, text=True, timeout=600)
+            found = sorted(wheels.glob("silero_vad-*.whl"))
+            if proc.returncode or not found:
+                raise RuntimeError(f"pip download {SILERO_WHEEL}: {_last_line(proc.stderr)}")
+        with zipfile.ZipFile(found[0]) as wheel:
+            path.write_bytes(wheel.read(f"silero_vad/data/{member}"))
+    return fetch
+
+
+def _silero_data() -> dict[str, np.ndarray]:
+    """One 16 kHz chunk after its context, a state from earlier chunks (both random), ``sr`` 16000."""
+    rng = np.random.default_rng(0)
+    return {"input": (0.1 * rng.standard_normal((1, SILERO_CONTEXT + SILERO_CHUNK))).astype(np.float32),
+            "state": np.tanh(rng.standard_normal((2, 1, 128))).astype(np.float32),
+            "sr": np.array(16000, dtype=np.int64)}
+
+
+def _silero_shapes(small: bool) -> str:
+    return f"input:1x{SILERO_CONTEXT + SILERO_CHUNK},state:2x1x128,sr:[]"
 
 
 MODELS: dict[str, Model] = {
     "bert-base": Model("BERT-base", _transformer("bert"), _text_shapes("input_ids", "attention_mask")),
     "gpt2": Model("GPT-2 124M", _transformer("gpt2"), _text_shapes("input_ids", "attention_mask")),
     "t5-small": Model("T5-small", _transformer("t5"), _text_shapes("input_ids", "attention_mask", "decoder_input_ids")),
-    "resnet50": Model("ResNet-50", _cnn("resnet50", "resnet-mini"), _image_shapes),
-    "googlenet": Model("GoogLeNet", _cnn("googlenet", "googlenet"), _image_shapes),
+    "vit-s": Model("ViT-S/16", _vit, _image_shapes("pixel_values")),
+    "resnet50": Model("ResNet-50", _cnn("resnet50", "resnet-mini"), _image_shapes()),
+    "googlenet": Model("GoogLeNet", _cnn("googlenet", "googlenet"), _image_shapes()),
+    "vgg16": Model("VGG16", _cnn("vgg16", "vgg-mini"), _image_shapes()),
+    "inception-v3": Model("Inception-v3", _cnn("inception-v3", "inception-v3", 299, 75), _image_shapes("input", 299, 75)),
+    "efficientnet-b0": Model("EfficientNet-B0", _cnn("efficientnet-b0", "efficientnet-b0"), _image_shapes()),
+    "silero": Model("Silero VAD op18 ifless", _silero("silero_vad_op18_ifless.onnx"), _silero_shapes, _silero_data),
+    "silero-op15": Model("Silero VAD 16k op15", _silero("silero_vad_16k_op15.onnx"), _silero_shapes, _silero_data),
 }
 
 
@@ -83,14 +138,16 @@ def _last_line(text: str) -> str:
     return lines[-1].strip() if lines else "no output"
 
 
-def run_cli(ir: str, path: Path, shapes: str, repeat: int, timeout: float) -> tuple[dict, float]:
-    """``tvm-combiners run --json`` in the IR's environment: its JSON document (an ``ok: false``
-    one, made here, where the process times out, crashes or prints none) and its wall seconds."""
+def run_cli(ir: str, path: Path, shapes: str, repeat: int, timeout: float, inputs: Path | None = None
+            ) -> tuple[dict, float]:
+    """``tvm-combiners run --json`` in the IR's environment (on the ``inputs`` .npz where given): its
+    JSON document (an ``ok: false`` one, made here, where the process times out, crashes or prints
+    none) and its wall seconds."""
     python = PYTHONS[ir]
     if not python.exists():
         return {"ok": False, "error": {"stage": "setup", "message": f"no {python.relative_to(ROOT)}"}}, 0.0
     cmd = [str(python), "-m", "tvm_combiners", "run", str(path), "--ir", ir, "--input-shapes", shapes,
-           "--repeat", str(repeat), "--json"]
+           "--repeat", str(repeat), "--json", *(["--inputs", str(inputs)] if inputs else [])]
     start = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
@@ -130,7 +187,8 @@ def _speedup(doc: dict) -> str:
 
 
 def row(model: Model, ir: str, shapes: str, doc: dict, seconds: float) -> list[str]:
-    inputs = " ".join(f"{n}:{'x'.join(map(str, s))}" for n, s in doc.get("inputs", {}).items()) or shapes
+    inputs = (" ".join(f"{n}:{'x'.join(map(str, s)) or '[]'}" for n, s in doc.get("inputs", {}).items())
+              or shapes.replace(",", " "))
     if not doc.get("ok"):
         err = doc.get("error", {})
         why = f"FAILED {err.get('stage', '?')}: {' '.join(str(err.get('message', '')).split())[:120]}"
@@ -169,18 +227,21 @@ def main() -> int:
         for key in keys:
             model, path = models[key], Path(tmp) / f"{key}.onnx"
             shapes = model.shapes(args.small)
+            data = path.with_suffix(".npz") if model.data else None
             print(f"# exporting {model.label}", file=sys.stderr, flush=True)
             try:
                 model.export(path, args.small)
+                if model.data:
+                    np.savez(data, **model.data())
             except Exception as err:  # a failed export is a row, never a traceback
                 failed += len(irs)
                 why = f"FAILED export: {type(err).__name__}: {' '.join(str(err).split())[:120]}"
-                rows += [[model.label, shapes, ir, "-", "-", why, "-", "-", "-", "-", "0"] for ir in irs]
+                rows += [[model.label, shapes.replace(",", " "), ir, "-", "-", why, "-", "-", "-", "-", "0"] for ir in irs]
                 continue
             for ir in irs:
-                print(f"# {model.label}: tvm-combiners run --ir {ir} --input-shapes {shapes}", file=sys.stderr,
-                      flush=True)
-                doc, seconds = run_cli(ir, path, shapes, args.repeat, args.timeout)
+                print(f"# {model.label}: tvm-combiners run --ir {ir} --input-shapes {shapes}"
+                      + (" --inputs (its data)" if data else ""), file=sys.stderr, flush=True)
+                doc, seconds = run_cli(ir, path, shapes, args.repeat, args.timeout, data)
                 failed += not doc.get("ok")
                 rows.append(row(model, ir, shapes, doc, seconds))
             path.unlink(missing_ok=True)

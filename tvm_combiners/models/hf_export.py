@@ -1,11 +1,11 @@
-"""Export randomly initialised Hugging Face models (BERT, GPT-2, T5) to ONNX with ``torch.onnx.export``.
+"""Export randomly initialised Hugging Face models (BERT, GPT-2, T5, ViT) to ONNX with ``torch.onnx.export``.
 
 Tests and benchmarks use them to get "standard" transformers models without a model hub: each is
 built from a config object with random weights, at sizes the caller chooses (the defaults are
 tiny; the real models' sizes are in :data:`REAL_SIZES`). Needs torch and transformers (test-only
 dependencies of the main environment).
 
-    python -m tvm_combiners.models.hf_export OUT.onnx [--model bert|gpt2|t5] [--layers 2 --hidden 64]
+    python -m tvm_combiners.models.hf_export OUT.onnx [--model bert|gpt2|t5|vit] [--layers 2 --hidden 64]
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ import argparse
 import os
 from typing import Any
 
-#: keyword arguments that make each export the published model's size (BERT-base, GPT-2 124M, T5-small)
+#: keyword arguments that make each export the published model's size (BERT-base, GPT-2 124M, T5-small, ViT-S/16)
 REAL_SIZES: dict[str, dict[str, int]] = {
     "bert": {"layers": 12, "hidden": 768, "heads": 12, "vocab": 30522},
     "gpt2": {"layers": 12, "hidden": 768, "heads": 12, "vocab": 50257},
     "t5": {"layers": 6, "hidden": 512, "heads": 8, "vocab": 32128},
+    "vit": {"layers": 12, "hidden": 384, "heads": 6, "image": 224},
 }
 
 
@@ -138,7 +139,38 @@ def export_t5(path: str | os.PathLike, layers: int = 2, hidden: int = 64, heads:
     _export(model, args, path, names, outputs, axes if dynamic else None)
 
 
-EXPORTS = {"bert": export_bert, "gpt2": export_gpt2, "t5": export_t5}
+def export_vit(path: str | os.PathLike, layers: int = 2, hidden: int = 64, heads: int = 4, image: int = 32,
+               patch: int = 16, dynamic: bool = True, seed: int = 0) -> None:
+    """``ViTModel`` (feed-forward width ``4 * hidden``: ViT-S/16's 1536 at hidden 384): input
+    ``pixel_values`` (batch, 3, image, image), outputs ``last_hidden_state`` (the class token and one
+    token per ``patch`` square) and ``pooler_output``. The position embeddings fix the image size."""
+    problem = export_problem(layers, hidden, heads, 1, image // patch)
+    if problem:
+        raise ValueError(f"export_vit: {problem.replace('seq', 'image // patch')}")
+    import torch
+    import transformers
+
+    class Wrapper(torch.nn.Module):
+        """Pixels in, plain tensors out."""
+
+        def __init__(self, model: torch.nn.Module) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, pixel_values):  # noqa: ANN001
+            out = self.model(pixel_values=pixel_values)
+            return out.last_hidden_state, out.pooler_output
+
+    config = transformers.ViTConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                                    intermediate_size=4 * hidden, image_size=image, patch_size=patch)
+    torch.manual_seed(seed)
+    model = Wrapper(transformers.ViTModel(config).eval())
+    axes = {"pixel_values": {0: "batch"}} if dynamic else None
+    _export(model, (torch.randn(1, 3, image, image),), path, ["pixel_values"], ["last_hidden_state", "pooler_output"],
+            axes)
+
+
+EXPORTS = {"bert": export_bert, "gpt2": export_gpt2, "t5": export_t5, "vit": export_vit}
 
 
 def export_problem(layers: int, hidden: int, heads: int, vocab: int, seq: int) -> str | None:
@@ -164,11 +196,17 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=500)
     parser.add_argument("--seq", type=int, default=16)
+    parser.add_argument("--image", type=int, default=32, help="ViT's image side (16x16 patches)")
     args = parser.parse_args()
-    problem = export_problem(args.layers, args.hidden, args.heads, args.vocab, args.seq)
+    vit = args.model == "vit"
+    problem = export_problem(args.layers, args.hidden, args.heads, 1 if vit else args.vocab,
+                             args.image // 16 if vit else args.seq)
     if problem:
-        parser.error(problem)
-    EXPORTS[args.model](args.path, args.layers, args.hidden, args.heads, args.vocab, args.seq)
+        parser.error(problem.replace("seq", "image // 16") if vit else problem)
+    if vit:
+        export_vit(args.path, args.layers, args.hidden, args.heads, args.image)
+    else:
+        EXPORTS[args.model](args.path, args.layers, args.hidden, args.heads, args.vocab, args.seq)
 
 
 if __name__ == "__main__":

@@ -207,10 +207,17 @@ def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
     except Exception as err:  # unreadable or short external data
         raise ModelError(path, f"cannot read external data: {first_line(err)}") from err
     _check_opsets(model, str(path))
+    # The checker refuses any IR version newer than its onnx release's (the Relay environment's
+    # onnx<1.16 stops at 9; exporters write 10): check the rest at the newest it knows, and leave
+    # the version itself to onnxruntime and TVM, which read newer ones.
+    ir_version = model.ir_version
+    model.ir_version = min(ir_version, onnx.IR_VERSION)
     try:
         onnx.checker.check_model(model if model.ByteSize() < onnx.checker.MAXIMUM_PROTOBUF else str(path))
     except (onnx.checker.ValidationError, ValueError) as err:
         raise ModelError(path, f"invalid ONNX model: {first_line(err)}") from err
+    finally:
+        model.ir_version = ir_version
     return model
 
 
@@ -271,7 +278,11 @@ def prepare_onnx(model: onnx.ModelProto | str | os.PathLike, batch: int | None =
             raise ModelError(name, f"input {value.name!r} is {onnx.TensorProto.DataType.Name(elem).lower()}: the job "
                                    f"generates inputs of numpy's own types only ({', '.join(_FED_DTYPES.values())})")
     named = _set_input_shapes(name, inputs, shapes) if shapes else {}
-    fixed = _fix_input_sizes(inputs, batch, seq, named) or bool(shapes)
+    by_batch_seq = _fix_input_sizes(inputs, batch, seq, named)
+    # the sizes an error may come from: those given, and batch and seq where they sized an axis
+    sizes = ", ".join(filter(None, [
+        ", ".join(f"{n} {'x'.join(map(str, s)) or 'scalar'}" for n, s in (shapes or {}).items()),
+        by_batch_seq and f"batch {batch}, seq {seq}"]))
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     with tempfile.TemporaryDirectory() as tmp:
@@ -281,8 +292,8 @@ def prepare_onnx(model: onnx.ModelProto | str | os.PathLike, batch: int | None =
                 model.SerializeToString(), options, providers=["CPUExecutionProvider"], disabled_optimizers=_KEEP_STRUCTURE
             )
         except Exception as err:  # onnxruntime raises its own Fail/InvalidGraph/... types
-            sizes = f" at batch {batch}, seq {seq}" if fixed else ""
-            raise ModelError(name, f"onnxruntime {ort.__version__} rejects the model{sizes}: {first_line(err)}") from err
+            where = f" at {sizes}" if sizes else ""
+            raise ModelError(name, f"onnxruntime {ort.__version__} rejects the model{where}: {first_line(err)}") from err
         folded = onnx.load(options.optimized_model_filepath)
     # onnxruntime may record its own opset imports; TVM's importers only know the ONNX domain.
     del folded.opset_import[:]

@@ -190,7 +190,7 @@ class _Job:
         """Fix the model's input sizes and make its example inputs (or check the user's against it)."""
         o = self.options
         shapes = self.shapes()
-        sizes = ", ".join(f"{n} {'x'.join(map(str, s))}" for n, s in shapes.items())
+        sizes = ", ".join(f"{n} {'x'.join(map(str, s)) or 'scalar'}" for n, s in shapes.items())
         with (job_stage(self.path, "prepare", "cannot prepare the model", bad_input=False),
               self.step(f"preparing ({sizes + '; ' if sizes else ''}batch {o.batch}, seq {o.seq})")):
             self.model = prepare_onnx(self.model, o.batch, o.seq, shapes)
