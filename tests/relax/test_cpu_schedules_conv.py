@@ -63,6 +63,9 @@ CONVS = {
                                      "channels"),
     "2 groups": ((1, 16, 8, 8), (32, 8, 3, 3), {"groups": 2, "padding": 1}, "bias relu", "channels"),
     "6 outputs (no vector divides)": ((1, 16, 8, 8), (6, 16, 3, 3), {"padding": 1}, "bias relu", "width"),
+    # SiLU reads the convolution twice, z * sigmoid(z): TVM inlines sigmoid into the convolution's block
+    # while multiply still reads z, ill-formed TIR; the rule schedules it without the epilogue instead
+    "3x3, silu": ((1, 8, 8, 8), (16, 8, 3, 3), {"padding": 1}, "silu", "channels"),
     "depthwise": ((1, 16, 12, 12), (16, 1, 3, 3), {"groups": 16, "padding": 1}, "bias relu", None),
     "depthwise x2, stride 2": ((1, 8, 9, 9), (16, 1, 3, 3), {"groups": 8, "strides": 2}, "none", None),
 }
@@ -80,15 +83,19 @@ def _conv_module(name: str) -> tvm.IRModule:
 
     def body(bb, x, w, *other):  # noqa: ANN001, ANN202
         y = bb.emit(R.nn.conv2d(x, w, **attrs))
+        if epilogue == "silu":
+            return bb.emit(R.multiply(y, bb.emit(R.sigmoid(y))))
         return bb.emit(R.nn.relu(bb.emit(R.add(y, other[0])))) if other else y
 
     return make_module(params, body)
 
 
 def _conv_numpy(name: str, x: np.ndarray, w: np.ndarray, *other: np.ndarray) -> np.ndarray:
-    _, _, attrs, _, _ = CONVS[name]
+    _, _, attrs, epilogue, _ = CONVS[name]
     y = conv2d_numpy(x, w, attrs.get("strides", 1), attrs.get("padding", 0), attrs.get("dilation", 1),
                      attrs.get("groups", 1))
+    if epilogue == "silu":
+        return y / (1 + np.exp(-y))
     return np.maximum(y + other[0], 0) if other else y
 
 

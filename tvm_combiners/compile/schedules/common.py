@@ -15,7 +15,11 @@ class CPURule(dlight.ScheduleRule):
 
     ``_schedule`` returns the schedule, or None to decline the function. A schedule primitive that
     refuses (a ScheduleError, or a region it cannot match: RuntimeError, ValueError) moves on to the next,
-    more modest attempt; where every attempt is refused the function keeps its loops.
+    more modest attempt, and so does a schedule whose function is not well-formed TIR: TVM's
+    ``reverse_compute_inline`` inlines a consumer into its producer's block while another block still
+    reads the producer's buffer (SiLU's ``z * sigmoid(z)`` after a convolution), leaving that buffer
+    without a writer, which only a later pass would notice. Where every attempt fails the function
+    keeps its loops.
     """
 
     ATTEMPTS: tuple[tuple[Any, ...], ...] = ((),)
@@ -25,9 +29,11 @@ class CPURule(dlight.ScheduleRule):
             return None
         for attempt in self.ATTEMPTS:
             try:
-                return self._schedule(func, target, *attempt)
+                sch = self._schedule(func, target, *attempt)
             except (RuntimeError, ValueError):
                 continue
+            if sch is None or s_tir.analysis.verify_well_formed(sch.mod, assert_mode=False):
+                return sch
         return None
 
     def _schedule(self, func: tirx.PrimFunc, target: Target, *attempt: Any) -> s_tir.Schedule | None:
