@@ -22,9 +22,10 @@ SMOKE = {
                                "--functions", "2"],
     "bench_tuned.py": ["--trials", "0", "--models", "minilm", "--repeat", "1", "--combine-as", "stack"],
     "bench_combiners.py": ["--quick"],
+    "bench_distributed.py": ["--hidden", "64", "--width", "16", "--ranks", "2", "--repeat", "1"],
     "bench_models.py": ["--small", "--repeat", "1", "--models", "bert-base,gpt2,t5-small,vit-s"],
 }
-OWN_SMOKE_TEST = {"bench_models.py"}  # scripts whose smoke run is a test of its own below
+OWN_SMOKE_TEST = {"bench_models.py", "bench_distributed.py"}  # scripts whose smoke run is a test of its own below
 
 
 def test_every_benchmark_script_has_a_smoke_run():

@@ -27,13 +27,13 @@ from tvm import relax  # noqa: E402
 from tvm.relax.distributed import DeviceMesh, Placement  # noqa: E402
 from tvm.relax.distributed import transform as dist  # noqa: E402
 
-from tvm_combiners.collectives.runtime import comm  # noqa: E402
-from tvm_combiners.compile.distributed import (  # noqa: E402
+from tvm_combiners.collectives.relax.distributed import (  # noqa: E402
     CheckShardedOps,
     ShardingError,
     check_sharded_ops,
     distributed_pipeline,
 )
+from tvm_combiners.collectives.runtime import comm  # noqa: E402
 
 PROG = Path(__file__).parent / "progs" / "disco_prog.py"
 _spec = importlib.util.spec_from_file_location("disco_prog", PROG)
@@ -175,7 +175,7 @@ def test_the_dropped_allreduce_is_refused() -> None:
         "tvm_combiners.CheckShardedOps: R.matmul in function 'main' takes hidden sharded on its axis 1 (S[1] on "
         "mesh axis 0) and gives a replicated (R) result: TVM lowers a high-level op as a local computation, so each "
         "rank would return its partial result with no collective (annotate plain tensors with R.dist.annotate_sharding "
-        "and legalize the ops before PropagateSharding, as tvm_combiners.compile.distributed.distributed_pipeline "
+        "and legalize the ops before PropagateSharding, as tvm_combiners.collectives.relax.distributed_pipeline "
         "does)")
     legalized = relax.transform.LegalizeOps()(_annotated_mlp())
     for p in (dist.PropagateSharding(), dist.LowerGlobalViewToLocalView()):

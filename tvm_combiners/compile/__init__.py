@@ -4,7 +4,6 @@
 - :mod:`.relax_runner`, :mod:`.relay_runner`: targets, build, run and op counts for each IR;
 - :mod:`.schedules`: the default llvm schedule rules (dlight ``ScheduleRule`` classes);
 - :mod:`.legalize`, :mod:`.pipelines`: the Relax pipelines the package compiles with;
-- :mod:`.distributed`: modules sharded with TVM's ``relax.distributed``, compiled for ranks;
 - :mod:`.tuning`: MetaSchedule for ``--tune``;
 - :mod:`.interrupts`: Ctrl-C kept a KeyboardInterrupt through TVM's calls.
 

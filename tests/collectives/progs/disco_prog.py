@@ -145,8 +145,8 @@ def distributed(out_dir: Path) -> None:
     from tvm import relax
     from tvm.relax.distributed import transform as dist
 
+    from tvm_combiners.collectives.relax.distributed import distributed_pipeline
     from tvm_combiners.collectives.runtime import rank
-    from tvm_combiners.compile.distributed import distributed_pipeline
 
     me = rank()
 

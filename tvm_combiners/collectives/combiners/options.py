@@ -41,6 +41,7 @@ PASS_FAMILIES: dict[str, tuple[str, ...]] = {
     "ReduceScatterCombiner": ("reduce_scatter",),
     "SendRecvCombiner": ("send_recv",),
     "CombineCollectives": PASS_KINDS,
+    "BroadcastScatterCombiner": ("broadcast_from_worker0", "scatter_from_worker0"),  # R.ccl's, from LowerDistIR
 }
 
 

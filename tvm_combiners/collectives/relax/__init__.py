@@ -1,7 +1,10 @@
 """The collective ops of Relax (apache-tvm 0.27) and their combiners: ``from tvm_combiners.collectives import relax as C``.
 
 :mod:`.ops` builds, registers, type-checks and lowers the ops; :mod:`.combiners` holds the passes
-that merge many small ones into few large ones (they build the ops, so they import :mod:`.ops`).
+that merge many small ones into few large ones (they build the ops, so they import :mod:`.ops`);
+:mod:`.distributed` compiles modules sharded with TVM's ``relax.distributed`` for ranks
+(:func:`~.distributed.distributed_pipeline`), with :mod:`.dist_combiners` combining their parameter
+transfers.
 """
 
 from .combiners import (
@@ -11,6 +14,7 @@ from .combiners import (
     ReduceScatterCombiner,
     SendRecvCombiner,
 )
+from .distributed import distributed_pipeline
 from .ops import (
     OrderSendRecv,
     after_all,
@@ -26,6 +30,7 @@ from .ops import (
 )
 
 __all__ = [
+    "distributed_pipeline",
     "allreduce",
     "allgather",
     "reduce_scatter",

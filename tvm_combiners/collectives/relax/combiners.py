@@ -110,6 +110,10 @@ class _FunctionCombiner:
         self.channels = channels
         self.kernels = kernels  # (builder, plan) -> its PrimFunc in the module (shared, deduplicated)
 
+    def classify(self, binding: Any) -> _Op | None:
+        """The combinable op a binding is (a subclass combines other ops)."""
+        return _classify(binding, self.opts)
+
     # ------------------------------------------------------------------ regions
     def combine_units(self, units: list[tuple[Any, bool]], dataflow: bool) -> tuple[list[tuple[Any, bool]], bool]:
         """Re-emit one region; ``units``: (binding, False) or (dataflow block, True)."""
@@ -124,7 +128,7 @@ class _FunctionCombiner:
         ops: list[_Op | None] = []
         out: list[Unit] = []
         for (unit, is_block), deps in zip(units, C.dependences(units)):
-            op = None if is_block else _classify(unit, self.opts)
+            op = None if is_block else self.classify(unit)
             spec = None if is_block else C.info(unit.value)
             ours = op is not None or (not is_block and (spec is not None or _is_ccl(unit.value)))
             impure = not is_block and not dataflow and relax.analysis.contains_impure_call(unit.value)
@@ -173,19 +177,21 @@ class _FunctionCombiner:
         return gv
 
     def _pack_unpack(self, plan: PackPlan, operands: list[relax.Expr], dataflow: bool,
-                     collective: Any, results: list[relax.Var]) -> list[relax.Binding]:
-        """pack -> ``collective(flat)`` -> unpack into ``results`` (the members' own variables)."""
+                     collective: Any, results: list[relax.Var], label: str | None = None) -> list[relax.Binding]:
+        """pack -> ``collective(flat)`` -> unpack into ``results`` (the members' own variables);
+        ``label`` names the kernels (the plan's kind by default)."""
+        label = label or plan.kind
         flat_ty = relax.TensorType([plan.in_len], plan.flat_dtype)
         pack = self._var("combined_in", flat_ty, dataflow)
         out: list[relax.Binding] = []
         if operands:
-            gv = self._kernel(tir_kernels.pack_func, plan, f"pack_{plan.kind}")
+            gv = self._kernel(tir_kernels.pack_func, plan, f"pack_{label}")
             out.append(relax.VarBinding(pack, self.bb.normalize(relax.call_tir(gv, operands, flat_ty))))
         bindings, reduced = collective(pack if operands else None)
         out += bindings
         if results:
             tys = [relax.TensorType(list(s.result_shape), s.dtype) for s in plan.segments]
-            gv = self._kernel(tir_kernels.unpack_func, plan, f"unpack_{plan.kind}")
+            gv = self._kernel(tir_kernels.unpack_func, plan, f"unpack_{label}")
             parts = self._var("combined_parts", relax.TupleType(tys), dataflow)
             out.append(relax.VarBinding(parts, self.bb.normalize(relax.call_tir(gv, [reduced], tys))))
             out += [relax.VarBinding(v, self.bb.normalize(relax.TupleGetItem(parts, i))) for i, v in enumerate(results)]
@@ -284,7 +290,7 @@ def _rebuild(units: list[tuple[Any, bool]], dataflow: bool) -> list[relax.Bindin
     return C.blocks_of(units)
 
 
-def _combine_module(mod: tvm.IRModule, opts: CombinerOptions) -> tvm.IRModule:
+def _combine_module(mod: tvm.IRModule, opts: CombinerOptions, combiner_class: type = _FunctionCombiner) -> tvm.IRModule:
     if not opts.enabled:
         return mod
     original = mod
@@ -297,7 +303,7 @@ def _combine_module(mod: tvm.IRModule, opts: CombinerOptions) -> tvm.IRModule:
     for gv, func in mod.functions_items():
         if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
             continue
-        combiner = _FunctionCombiner(bb, opts, channels, kernels)
+        combiner = combiner_class(bb, opts, channels, kernels)
         units: list[tuple[Any, bool]] = []
         changed = False
         for block in func.body.blocks:
