@@ -9,8 +9,10 @@ a failing rank ends the job; the timeout bounds a hung one.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +20,14 @@ import pytest
 from tvm_combiners.collectives import selfcheck
 
 TIMEOUT_S = 150
+
+
+def launch_prog(prog: Path, n: int, args: list[str], timeout: float, **env: str) -> subprocess.CompletedProcess:
+    """``python prog ARGS`` on ``n`` ranks under the CLI's launcher, in a subprocess with a hard limit of its
+    own above the job's timeout (room for a loaded machine: a 6 s job took 31 s to end beside other jobs)."""
+    cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", str(n), "--timeout",
+           str(timeout), "--", "python", str(prog), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 60, env={**os.environ, **env})
 
 
 def launch_selfcheck(n: int, ir: str, out) -> subprocess.CompletedProcess:

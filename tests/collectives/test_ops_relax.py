@@ -584,8 +584,9 @@ def test_compiles_with_the_default_pipeline(kind):
     with target:
         lowered = relax.get_default_pipeline(target)(mod)
     text = lowered["main"].script()
-    for name in RUNTIME_NAMES:
-        assert f'R.call_packed("tvm_combiners.{name}"' in text or name == "allreduce"
+    for name in RUNTIME_NAMES:  # llvm: host collectives call the native kernels
+        runtime = "tvm_combiners.native" if kind == "llvm" else "tvm_combiners"
+        assert f'R.call_packed("{runtime}.{name}"' in text or name == "allreduce"
     generic, fast = (text.count(f'R.call_packed("{name}"') for name in ("tvm_combiners.allreduce", native.NAME))
     assert generic + fast == len(S.REDUCTIONS)
     # every allreduce is over all ranks here; float min and max stay generic (MPI's may drop a NaN)
@@ -598,9 +599,11 @@ def test_allreduces_over_all_ranks_on_cpu_call_the_native_kernel(monkeypatch):
                                bb.emit(C.allreduce(bb.emit(relax.op.astype(x, "float16")), "max"))], [x])
     with tvm.target.Target("llvm"):
         text = relax.transform.LegalizeOps()(mod)["main"].script()
-    # all ranks, float32: native, with (count, dtype code, op code); a group or float16: the generic function
+    # float32: native, with (count, dtype code, op code), and a group's key and text; float16: the generic function
     assert re.search(rf'R.call_packed\("{native.NAME}", x, \w+, 6, 8, 4, ', text)
-    assert text.count('R.call_packed("tvm_combiners.allreduce"') == 2
+    assert re.search(rf'R.call_packed\("{native.NAMES["allreduce_group"]}", x, \w+, 6, 8, 0, {native.group_key("0")}, ',
+                     text)
+    assert text.count('R.call_packed("tvm_combiners.allreduce"') == 1
     monkeypatch.setattr(native, "ENABLED", False)
     with tvm.target.Target("llvm"):
         text = relax.transform.LegalizeOps()(mod)["main"].script()

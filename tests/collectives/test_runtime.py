@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_ops_multirank import launch_prog
 
 from tvm_combiners.collectives.runtime import launch as launch_mod_func
 from tvm_combiners.collectives.runtime.launch import RANK_MAIN, find_mpiexec, rank_command, rank_error
@@ -34,11 +35,7 @@ _spec.loader.exec_module(prog)
 
 
 def _run(n: int, mode: str, out: Path, timeout: float, **env: str) -> subprocess.CompletedProcess:
-    """The CLI's launcher in a subprocess, with a hard limit of its own above the job's timeout."""
-    cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", str(n), "--timeout",
-           str(timeout), "--", "python", str(PROG), str(out), mode]
-    # the limit leaves room for a loaded machine (CI beside other jobs: a 6 s job took 31 s to end)
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 60, env={**os.environ, **env})
+    return launch_prog(PROG, n, [str(out), mode], timeout, **env)
 
 
 def _members(groups: str, n: int, rank: int) -> list[int]:

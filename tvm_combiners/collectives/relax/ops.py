@@ -26,13 +26,14 @@ from typing import Any
 import tvm
 from tvm import ir, relax, tirx
 from tvm.relax.utils import convert_to_expr
+from tvm.sym import Analyzer
 
 from ...compile.pipelines import default_pipeline
 from ...core.driver import gc_paused
 from ...relax.graph_view import op_name
 from .. import spec as S
 from ..builders import IRAdapter, make_builders
-from ..dependences import UnitAccess, unit_dependences
+from ..dependences import UnitAccess, _Buffers, unit_dependences
 from ..ordering import OrderNode, OrderPlan, SendRecvOrderError, is_deadlock_free, payload, plan_send_recv_order
 
 __all__ = [
@@ -138,13 +139,13 @@ def _legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
         groups = S.encode_groups(spec.groups)
         bb.emit(relax.Call(relax.ExternFunc(S.AGREE_SHAPES), [inputs[0], convert_to_expr(kind), convert_to_expr(groups)],
                            ty_args=[relax.ObjectType()]))
+    if _native_target():
+        lowered = _NATIVE[kind](bb, spec, inputs, shape, str(ty.dtype))
+        if lowered is not None:
+            return lowered
     out = bb.emit(relax.op.builtin.alloc_tensor(shape, str(ty.dtype), 0))
-    native = _native_allreduce(spec, str(ty.dtype), shape)
-    if native is not None:
-        name, args = native[0], [*inputs, out, *native[1]]
-    else:
-        args = [*inputs, *(convert_to_expr(e) for e in extra), out]
-    bb.emit(relax.Call(relax.ExternFunc(name), args, ty_args=[relax.ObjectType()]))
+    bb.emit(relax.Call(relax.ExternFunc(name), [*inputs, *(convert_to_expr(e) for e in extra), out],
+                       ty_args=[relax.ObjectType()]))
     return out
 
 
@@ -153,24 +154,254 @@ def _static(ty: Any) -> bool:
     return dims is not None and all(isinstance(d, int) for d in dims)
 
 
-def _native_allreduce(spec: S.CollectiveSpec, dtype: str, shape: relax.ShapeExpr) -> tuple[str, list] | None:
-    """The native kernel's name and scalar arguments for an allreduce over all ranks on a CPU target.
+# --------------------------------------------------------------------------- native lowering
+# Host collectives compiled for llvm call the runtime's native kernels (runtime/native.py: MPI from
+# compiled code, no Python): the IR names groups by key and text, pairs as a constant, dtypes and
+# reductions by position, so the module runs in any process. Anything they cannot run (cuda, dtypes
+# or reductions MPI does not compute as the generic path does, check mode, no MPICH here) keeps
+# the generic runtime function.
 
-    Anything else (groups, other dtypes, cuda, no MPI here) keeps the generic runtime function.
-    """
+
+def _native_target() -> bool:
+    from ..runtime import native
+
     target = tvm.target.Target.current(allow_none=True)
-    if spec.kind != "allreduce" or spec.groups is not None or target is None or target.kind.name != "llvm":
+    return native.ENABLED and target is not None and target.kind.name == "llvm"
+
+
+def _emit_native(bb: relax.BlockBuilder, kind: str, args: Sequence[relax.Expr]) -> None:
+    from ..runtime import native
+
+    bb.emit(relax.Call(relax.ExternFunc(native.NAMES[kind]), list(args), ty_args=[relax.ObjectType()]))
+
+
+def _alloc(bb: relax.BlockBuilder, shape: Any, dtype: str) -> relax.Var:
+    shape = shape if isinstance(shape, relax.ShapeExpr) else relax.ShapeExpr(list(shape))
+    return bb.emit(relax.op.builtin.alloc_tensor(shape, dtype, 0))
+
+
+def _int(value: Any, dtype: str = "int64") -> relax.Expr:
+    """A scalar argument: a constant where it is one (a PrimExpr would be computed at every call)."""
+    if not isinstance(value, int):
+        value = Analyzer().simplify(tirx.Cast(dtype, value))  # a cast to its own dtype simplifies away
+        if isinstance(value, tirx.IntImm):
+            value = int(value)
+    return relax.prim_value(tirx.IntImm(dtype, value) if isinstance(value, int) else value)
+
+
+def _count(dims: Sequence[Any]) -> Any:
+    """The element count of a shape (an int, or a PrimExpr where an extent is symbolic)."""
+    count: Any = 1
+    for d in dims:
+        count = count * (int(d) if isinstance(d, tirx.IntImm) else d)
+    return count
+
+
+def _itemsize(dtype: str) -> int | None:
+    """Bytes per element, None for a dtype MPI cannot move as whole bytes (int4, vector lanes)."""
+    t = tvm.DataType(dtype)
+    if t.lanes != 1:
         return None
+    if t.bits == 1 and str(dtype) == "bool":
+        return 1  # stored as a byte
+    return t.bits // 8 if t.bits % 8 == 0 else None
+
+
+def _shape_of(expr: relax.Expr) -> list[Any] | None:
+    """An operand's extents (ints, or PrimExprs), None where they are not all named."""
+    dims, _ = _dims(_type_of(expr))
+    return None if dims is None or any(d is _UNKNOWN for d in dims) else dims
+
+
+def _group_args(spec: S.CollectiveSpec) -> list[relax.Expr]:
+    from ..runtime import native
+
+    text = S.encode_groups(spec.groups)
+    return [_int(native.group_key(text)), relax.const(native.text_bytes(text))]
+
+
+def _ready(dtype: str) -> bool:
+    """The kernels exist in this process (built now, so that VMs created here call them)."""
+    from ..runtime import native
+
+    return _itemsize(dtype) is not None and native.prepare()
+
+
+def _native_allreduce(bb: relax.BlockBuilder, spec: S.CollectiveSpec, inputs: list, shape: relax.ShapeExpr,
+                      dtype: str) -> relax.Expr | None:
     from ..runtime import native
 
     codes = native.codes(spec.op, dtype)
-    if codes is None or not native.prepare():  # built now so that VMs created in this process call it
+    if codes is None or not _ready(dtype):
         return None
-    count = tirx.const(1, "int64")
-    for dim in shape.values:
-        count = count * dim
-    return native.NAME, [relax.prim_value(count), relax.prim_value(tirx.IntImm("int32", codes[1])),
-                         relax.prim_value(tirx.IntImm("int32", codes[0]))]
+    out = _alloc(bb, shape, dtype)
+    args = [inputs[0], out, _int(_count(shape.values)), _int(codes[1], "int32"), _int(codes[0], "int32")]
+    if spec.groups is None:
+        _emit_native(bb, "allreduce", args)
+    else:
+        _emit_native(bb, "allreduce_group", [*args, *_group_args(spec)])
+    return out
+
+
+def _leading_one(dims: Sequence[Any], axis: int) -> bool:
+    """Whether every extent before ``axis`` is 1: each rank's block is then contiguous in the result."""
+    return all(isinstance(d, int) and d == 1 for d in dims[:axis])
+
+
+def _native_allgather(bb: relax.BlockBuilder, spec: S.CollectiveSpec, inputs: list, shape: relax.ShapeExpr,
+                      dtype: str) -> relax.Expr | None:
+    dims = _shape_of(inputs[0])
+    if dims is None or spec.groups is None or not _ready(dtype):
+        return None
+    from tvm import topi
+
+    g, axis = len(spec.groups[0]), int(spec.axis or 0)
+    nbytes = _int(_count(dims) * _itemsize(dtype))
+    if _leading_one(dims, axis):  # the blocks land in place
+        out = _alloc(bb, shape, dtype)
+        _emit_native(bb, "allgather", [inputs[0], out, nbytes, *_group_args(spec)])
+        return out
+    blocks = _alloc(bb, [g, *dims], dtype)  # gathered in group order, then each block moved to its place
+    _emit_native(bb, "allgather", [inputs[0], blocks, nbytes, *_group_args(spec)])
+    perm = [*range(1, axis + 1), 0, *range(axis + 1, len(dims) + 1)]
+    return bb.emit_te(lambda b: topi.reshape(topi.transpose(b, perm), list(shape.values)), blocks,
+                      primfunc_name_hint="allgather_blocks")
+
+
+def _native_reduce_scatter(bb: relax.BlockBuilder, spec: S.CollectiveSpec, inputs: list, shape: relax.ShapeExpr,
+                           dtype: str) -> relax.Expr | None:
+    from ..runtime import native
+
+    dims = _shape_of(inputs[0])
+    codes = native.codes(spec.op, dtype)
+    if dims is None or codes is None or spec.groups is None or not _ready(dtype):
+        return None
+    from tvm import topi
+
+    g, axis = len(spec.groups[0]), int(spec.axis or 0)
+    x = inputs[0]
+    if not _leading_one(dims, axis):  # each member's chunk made contiguous, in member order
+        split = [*dims[:axis], g, dims[axis] // g, *dims[axis + 1:]]
+        perm = [axis, *range(axis), *range(axis + 1, len(split))]
+        x = bb.emit_te(lambda a: topi.transpose(topi.reshape(a, split), perm), x,
+                       primfunc_name_hint="reduce_scatter_blocks")
+    out = _alloc(bb, shape, dtype)
+    _emit_native(bb, "reduce_scatter", [x, out, _int(_count(shape.values)), _int(codes[1], "int32"),
+                                        _int(codes[0], "int32"), *_group_args(spec)])
+    return out
+
+
+@dataclasses.dataclass
+class _P2PLowering:
+    """One legalization run's native sends and recvs (``bb`` is the run's builder).
+
+    ``channels``: those whose transfers may go native. ``posted``: per channel, the payload and the
+    request (the send's result, an int) of each native send whose recv is still to come. LegalizeOps visits a function's
+    bindings in order, and every send comes before the recv matched with it (the k-th of the channel
+    in the function), so each recv takes the first send posted on its channel.
+    """
+
+    bb: relax.BlockBuilder
+    channels: set[int]
+    posted: dict[int, list[tuple[relax.Expr, relax.Expr]]]
+
+
+_p2p_run: list[_P2PLowering] = []
+
+
+def _p2p_lowering(bb: relax.BlockBuilder) -> _P2PLowering:
+    if not _p2p_run or not _p2p_run[0].bb.same_as(bb):
+        _p2p_run[:] = [_P2PLowering(bb, _native_channels(bb.get()), {})]
+    return _p2p_run[0]
+
+
+def _native_channels(mod: tvm.IRModule) -> set[int]:
+    """Channels whose sends may hand MPI their payload itself, for the matched recv to complete.
+
+    Every send of the channel must (a mix would let a native recv take a generic send's place in
+    the pairing and wait for the wrong send). Not a channel two functions use (a function's recv
+    would complete its own send only, while MPI pairs messages across the two: each rank's recv
+    would wait for a send that the other rank's later recv takes), nor one with a send whose payload
+    (or a buffer sharing it) something may write in place before its recv (MPI may still be reading
+    it; the generic send copies), nor one whose payload's extents or byte size are not known."""
+    users: dict[int, int] = {}
+    refused: set[int] = set()
+    for gv, func in mod.functions_items():
+        planned = _plan(gv.name_hint, func)
+        if planned is None:
+            continue
+        units, plan = planned
+        access = [unit_access(u, b) for u, b in units]
+        buffers = _Buffers()
+        for a in access:
+            for d in a.defines:
+                for alias in a.aliases:
+                    buffers.join(d, alias)
+        for matches in plan.channels:
+            channel = info(units[matches[0][0]][0].value).channel_id
+            users[channel] = users.get(channel, 0) + 1
+            for s, r in matches:
+                x = units[s][0].value.args[0]
+                root = buffers.find(x)
+                if (_payload_bytes(x) is None
+                        or any(buffers.find(w) == root for a in access[s + 1:r] for w in a.writes)):
+                    refused.add(channel)
+    return {c for c, n in users.items() if n == 1} - refused
+
+
+def _payload_bytes(x: relax.Expr) -> Any:
+    """A payload's byte count (an int, or a PrimExpr), None where its extents or dtype are not known."""
+    dims = _shape_of(x)
+    _, dtype = _dims(_type_of(x))
+    size = None if dtype is None else _itemsize(dtype)
+    return None if dims is None or size is None else _count(dims) * size
+
+
+def _pairs_args(spec: S.CollectiveSpec) -> tuple[relax.Expr, relax.Expr]:
+    import numpy as np
+
+    pairs = np.array(spec.pairs or [(0, 0)], "int32").reshape(-1)  # never empty: a constant needs an element
+    return relax.const(pairs), _int(len(spec.pairs or ()), "int32")
+
+
+def _native_send(bb: relax.BlockBuilder, spec: S.CollectiveSpec, inputs: list, shape: relax.ShapeExpr,
+                 dtype: str) -> relax.Expr | None:
+    from ..runtime import native
+
+    run = _p2p_lowering(bb)
+    if spec.channel_id not in run.channels or not native.prepare():  # every send of the channel, or none
+        return None
+    pairs, npairs = _pairs_args(spec)
+    request = bb.emit(relax.Call(relax.ExternFunc(native.NAMES["send"]), [inputs[0], pairs, npairs,
+                                 _int(_payload_bytes(inputs[0])), _int(spec.channel_id, "int32")],
+                                 ty_args=[ir.PrimType("int32")]))
+    run.posted.setdefault(spec.channel_id, []).append((inputs[0], request))
+    return relax.const(0, S.TOKEN_DTYPE)  # tokens only order the IR, and this call stays where it is (impure)
+
+
+def _native_recv(bb: relax.BlockBuilder, spec: S.CollectiveSpec, inputs: list, shape: relax.ShapeExpr,
+                 dtype: str) -> relax.Expr | None:
+    from ..runtime import native
+
+    run = _p2p_lowering(bb)
+    posted = run.posted.get(spec.channel_id)
+    if not posted:
+        if spec.channel_id in run.channels and native.prepare():  # a native send must be completed by its recv
+            raise SendRecvOrderError(f"recv on channel_id {spec.channel_id}: its native send was not lowered first")
+        return None  # its send went the generic way
+    x, request = posted.pop(0)
+    size = _itemsize(dtype)
+    if size is None:  # the send's dtype moves as bytes, and OrderSendRecv matched the two dtypes
+        raise SendRecvOrderError(f"recv on channel_id {spec.channel_id}: {dtype} does not match its native send")
+    pairs, npairs = _pairs_args(spec)
+    out = _alloc(bb, shape, dtype)
+    _emit_native(bb, "recv", [x, pairs, out, npairs, _int(_count(shape.values) * size), _int(spec.channel_id, "int32"),
+                              request])
+    return out
+
+
+_NATIVE = {"allreduce": _native_allreduce, "allgather": _native_allgather, "reduce_scatter": _native_reduce_scatter,
+           "send": _native_send, "recv": _native_recv}
 
 
 def _register() -> None:

@@ -88,7 +88,9 @@ _drain_registered = False
 _status: list[Any] = []  # one reused MPI.Status (the runtime is single-threaded)
 DRAIN_TIMEOUT_ENV = "TVM_COMBINERS_SEND_DRAIN_TIMEOUT"
 RECV_TIMEOUT_ENV = "TVM_COMBINERS_RECV_TIMEOUT"
-_SPIN_S = 0.002  # a recv polls without pause this long, then yields the core between polls
+# A recv polls this long, yielding the core between polls, then sleeps between polls: long enough for
+# a large transfer (each side's polls move it on: 16 MiB took 4-6 ms here), short beside a peer's compute.
+_SPIN_S = 0.05
 _recv_timeout: list[float] = []  # read once
 
 
@@ -134,10 +136,7 @@ def drain_sends(timeout: float | None = None) -> None:
                            f"({DRAIN_TIMEOUT_ENV})")
             said = True
         if time.monotonic() > deadline:
-            why = f"sends never received after {timeout:g} s: {_stuck(me)}"
-            record_error(why)
-            print(f"{ABORT_PREFIX}{why}", file=sys.stderr, flush=True)
-            mpi().COMM_WORLD.Abort(1)
+            _abort(f"sends never received after {timeout:g} s: {_stuck(me)}")
         time.sleep(0.001)
 
 
@@ -161,13 +160,19 @@ def send_np(name: str, pairs: str, channel_id: int, payload: np.ndarray) -> None
     _pending.append((request, payload, channel_id, peer.target))
 
 
-def _wait(name: str, channel_id: int, source: int, ready: Callable[[], bool], cancelled: Callable[[], bool]) -> None:
+def _wait(ready: Callable[[], bool], cancelled: Callable[[], bool], timed_out: Callable[[float], Exception],
+          spin_s: float = _SPIN_S) -> None:
     """Poll ``ready()`` until it holds, for ``TVM_COMBINERS_RECV_TIMEOUT`` s (300) at most (each wait of a
-    recv: a check-mode recv waits for its header, then its payload); then raise
+    recv: a check-mode recv waits for its header, then its payload); then raise ``timed_out(timeout)``
     unless ``cancelled()`` says the awaited message came after all. A recv placed before the send it
     waits for (Relay without ``OrderSendRecv``: its lowering sees one op at a time) blocked forever
-    outside ``launch``; now each rank so placed raises. A long wait yields the core: ranks may
-    outnumber cores, and the peer is computing."""
+    outside ``launch``; now each rank so placed raises.
+
+    For ``spin_s`` the wait polls, and gives the core to any other runnable process between polls
+    (``sched_yield``): ranks may outnumber cores, and the peer this rank waits for may need this very
+    core. A wait longer than that is waiting for a peer that computes: it sleeps between polls, and
+    leaves the core to others (each sleep adds ~50 us to its latency, and a transfer that each side's
+    polls move on slows down: the first phase is long enough for large ones)."""
     if ready():
         return
     timeout, start = _recv_timeout_s(), time.monotonic()
@@ -176,11 +181,11 @@ def _wait(name: str, channel_id: int, source: int, ready: Callable[[], bool], ca
         if waited > timeout:
             if not cancelled():
                 return
-            raise TimeoutError(f"{name}: channel {channel_id}: nothing came from rank {source} in {timeout:g} s: "
-                               "a recv placed before the send it waits for never returns (run OrderSendRecv "
-                               f"before building); if rank {source} is only slow, raise {RECV_TIMEOUT_ENV}")
-        if waited > _SPIN_S:
+            raise timed_out(timeout)
+        if waited > spin_s:
             time.sleep(0.00005)
+        else:
+            os.sched_yield()
 
 
 def _recv_timeout_s() -> float:
@@ -189,24 +194,35 @@ def _recv_timeout_s() -> float:
     return _recv_timeout[0]
 
 
-def _receive(name: str, channel_id: int, source: int, tag: int, buf: np.ndarray, status: Any) -> None:
-    """Receive the next message of ``tag`` from ``source`` into ``buf`` (see :func:`_wait`)."""
-    _recv_timeout_s()  # a bad value raises before a recv is posted (a posted one would take a later message)
-    MPI = mpi()
-    request = MPI.COMM_WORLD.Irecv([buf, MPI.BYTE], source, tag)
+def _nothing_came(name: str, channel_id: int, source: int) -> Callable[[float], Exception]:
+    return lambda timeout: TimeoutError(
+        f"{name}: channel {channel_id}: nothing came from rank {source} in {timeout:g} s: a recv placed before the "
+        f"send it waits for never returns (run OrderSendRecv before building); if rank {source} is only slow, "
+        f"raise {RECV_TIMEOUT_ENV}")
+
+
+def _await(name: str, channel_id: int, source: int, request: Any, status: Any, spin_s: float = _SPIN_S) -> None:
+    """Wait for a posted recv of ``source`` (see :func:`_wait`); a timed-out one is cancelled."""
 
     def cancelled() -> bool:
         request.Cancel()
         request.Wait(status)
         return status.Is_cancelled()  # False: it came while being cancelled, and it is this recv's
 
-    _wait(name, channel_id, source, lambda: request.Test(status), cancelled)
+    _wait(lambda: request.Test(status), cancelled, _nothing_came(name, channel_id, source), spin_s)
+
+
+def _receive(name: str, channel_id: int, source: int, tag: int, buf: np.ndarray, status: Any) -> None:
+    """Receive the next message of ``tag`` from ``source`` into ``buf`` (see :func:`_wait`)."""
+    _recv_timeout_s()  # a bad value raises before a recv is posted (a posted one would take a later message)
+    MPI = mpi()
+    _await(name, channel_id, source, MPI.COMM_WORLD.Irecv([buf, MPI.BYTE], source, tag), status)
 
 
 def _next_size(name: str, channel_id: int, source: int, tag: int, status: Any) -> int:
     """The byte count of the next message of ``tag`` from ``source``, once it has come."""
     MPI = mpi()
-    _wait(name, channel_id, source, lambda: MPI.COMM_WORLD.Iprobe(source, tag, status), lambda: True)
+    _wait(lambda: MPI.COMM_WORLD.Iprobe(source, tag, status), lambda: True, _nothing_came(name, channel_id, source))
     return status.Get_count(MPI.BYTE)
 
 
@@ -249,6 +265,31 @@ def _check_header(name: str, channel_id: int, source: int, tag: int, out: np.nda
                      "the send's shape or dtype differs from the recv's")
 
 
+def _truncated(name: str, channel_id: int, source: int, tag: int, out: np.ndarray, status: Any,
+               error: str) -> ValueError:
+    """The error for a message larger than ``out`` (MPI's ``error``): a check header this rank does
+    not expect (taken, so that its payload is not read as the next message), or a payload too large."""
+    if not _CHECK and _is_header(out):
+        _discard_next(name, channel_id, source, tag, status)
+        return _mode_error(name, channel_id, source, False)
+    maybe = ""
+    if not _CHECK and _is_header(out, shortest=0):  # under 4 bytes: too short to tell
+        maybe = (f", or {CHECK_COLLECTIVES_ENV} is set on rank {source} but not on this rank (then the "
+                 "channel is a message behind: set it on every rank)")
+    return ValueError(f"{name}: channel {channel_id} from rank {source}: {error} "
+                      f"(the send's payload is larger than the {out.nbytes}-byte recv buffer{maybe})")
+
+
+def _check_count(name: str, channel_id: int, source: int, tag: int, out: np.ndarray, got: int, status: Any) -> None:
+    """Raise unless the message that arrived in ``out`` filled it (``got`` bytes)."""
+    if got == _HEADER_BYTES and not _CHECK and _is_header(out):  # the peer checks, this rank does not
+        _discard_next(name, channel_id, source, tag, status)
+        raise _mode_error(name, channel_id, source, False)
+    if got != out.nbytes:
+        raise ValueError(f"{name}: channel {channel_id} from rank {source} brought {got} bytes, "
+                         f"expected {out.nbytes}: the send's shape or dtype differs from the recv's")
+
+
 def recv_np(name: str, pairs: str, channel_id: int, out: np.ndarray) -> None:
     """Block until this rank's payload arrived in ``out``; zeros if this rank is no target."""
     peer = _routes.get(pairs) or route(pairs, name)
@@ -261,27 +302,79 @@ def recv_np(name: str, pairs: str, channel_id: int, out: np.ndarray) -> None:
             _check_header(name, channel_id, peer.source, tag, out)
         try:
             _receive(name, channel_id, peer.source, tag, out, status)
-            got = status.Get_count(MPI.BYTE)
         except MPI.Exception as err:
-            if not _CHECK and _is_header(out):
-                _discard_next(name, channel_id, peer.source, tag, status)
-                raise _mode_error(name, channel_id, peer.source, False) from None
-            maybe = ""
-            if not _CHECK and _is_header(out, shortest=0):  # under 4 bytes: too short to tell
-                maybe = (f", or {CHECK_COLLECTIVES_ENV} is set on rank {peer.source} but not on this rank (then the "
-                         "channel is a message behind: set it on every rank)")
-            raise ValueError(f"{name}: channel {channel_id} from rank {peer.source}: {err.Get_error_string()} "
-                             f"(the send's payload is larger than the {out.nbytes}-byte recv buffer{maybe})") from None
-        if got == _HEADER_BYTES and not _CHECK and _is_header(out):  # the peer checks, this rank does not
-            _discard_next(name, channel_id, peer.source, tag, status)
-            raise _mode_error(name, channel_id, peer.source, False)
-        if got != out.nbytes:
-            raise ValueError(f"{name}: channel {channel_id} from rank {peer.source} brought {got} bytes, "
-                             f"expected {out.nbytes}: the send's shape or dtype differs from the recv's")
+            raise _truncated(name, channel_id, peer.source, tag, out, status, err.Get_error_string()) from None
+        _check_count(name, channel_id, peer.source, tag, out, status.Get_count(MPI.BYTE), status)
     else:
         out[...] = 0
     if _pending:
         _reap()
+
+
+def finish_native_recv(recv_request: int, send_request: int, out: np.ndarray, source: int, target: int,
+                       channel_id: int, recv_code: int, send_code: int, got: int) -> None:
+    """Finish a native recv (:mod:`.native`) that did not simply succeed in its polls: wait for what is
+    left of its recv (of ``source``, -1 for none) and of the send it completes (to ``target``), within
+    one recv timeout, then raise what the generic recv raises (MPI's error ``recv_code``, a byte
+    count ``got`` that is not ``out``'s, nothing come in time).
+
+    The send's payload is the program's own tensor, which MPI reads until the send completes: an
+    error never leaves while the send is pending, and a send still pending at the timeout (its
+    target never received it) ends the job, as the exit drain does, rather than let MPI read memory
+    the program may have freed by then."""
+    name = "tvm_combiners.recv"
+    MPI = mpi()
+    if not _status:
+        _status.append(MPI.Status())
+    status, tag = _status[0], _comm.tag(channel_id)
+    errors: list[Exception] = [MPI.Exception(recv_code)] if recv_code else []
+    waiting = source >= 0 and got < 0 and not recv_code
+    receiving = MPI.Request.fromhandle(recv_request & 0xFFFFFFFF)  # a C int, as mpi4py takes it: unsigned
+    sending = MPI.Request.fromhandle(send_request & 0xFFFFFFFF)
+    if send_code:  # the send completed, with an error; the recv, still posted into out, is taken back first
+        if waiting:
+            receiving.Cancel()
+            receiving.Wait(status)
+        raise RuntimeError(f"{name}: channel {channel_id}: the send to rank {target}: {MPI.Get_error_string(send_code)}")
+    received = [not waiting]
+
+    def ready() -> bool:
+        if not received[0]:
+            try:
+                received[0] = receiving.Test(status)
+            except MPI.Exception as err:  # a message larger than out: completed, with its error
+                errors.append(err)
+                received[0] = True
+        return received[0] and sending.Test()
+
+    def cancelled() -> bool:
+        came = received[0]
+        if not came:
+            receiving.Cancel()
+            receiving.Wait(status)
+            came = not status.Is_cancelled()  # it came while being cancelled: this recv's
+        if not sending.Test():
+            _abort(f"{name}: channel {channel_id}: rank {target} has not taken this rank's send in "
+                   f"{_recv_timeout_s():g} s, and MPI may still read its payload (if rank {target} is only slow, "
+                   f"raise {RECV_TIMEOUT_ENV})")
+        return not came
+
+    _wait(ready, cancelled, _nothing_came(name, channel_id, source), spin_s=0)
+    if waiting and not errors:
+        got = status.Get_count(MPI.BYTE)
+    if errors:
+        raise _truncated(name, channel_id, source, tag, out, status, errors[0].Get_error_string()) from None
+    if source >= 0:
+        _check_count(name, channel_id, source, tag, out, got, status)
+    if _pending:
+        _reap()
+
+
+def _abort(why: str) -> None:
+    """End the whole job, naming ``why`` (for launch too: this rank's stderr may not reach it)."""
+    record_error(why)
+    print(f"{ABORT_PREFIX}{why}", file=sys.stderr, flush=True)
+    mpi().COMM_WORLD.Abort(1)
 
 
 # --- the registered functions ---------------------------------------------------------------------
@@ -392,15 +485,17 @@ def _write_token(token_out: Any) -> None:
         token_out.copyfrom(np.zeros(tuple(token_out.shape), tensors.np_dtype(token_out)))
 
 
-def send(x: Any, pairs: str, channel_id: int, is_host_transfer: int, token_out: Any) -> None:
-    """Non-blocking send; cuda payloads are staged through host memory (NCCL's send would block the stream)."""
+def send(x: Any, pairs: str, channel_id: int, is_host_transfer: int, token_out: Any = None) -> None:
+    """Non-blocking send; cuda payloads are staged through host memory (NCCL's send would block the stream).
+    ``token_out`` (the IR's token; None for a caller that has none) gets zeros."""
     name = "tvm_combiners.send"
     if (_routes.get(pairs) or route(pairs, name)).target is not None:
         payload = np.array(_view(x)) if tensors.is_host(x) else tensors.host_copy(x)
     else:
         payload = np.empty(0, np.uint8)
     send_np(name, pairs, channel_id, payload)
-    _write_token(token_out)
+    if token_out is not None:
+        _write_token(token_out)
 
 
 def recv(pairs: str, channel_id: int, is_host_transfer: int, out: Any) -> None:
