@@ -8,7 +8,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tvm_combiners.compile.relax_runner import compile_module, count_ops, run_vm
+from tvm_combiners.compile.pipelines import cpu_pipeline
+from tvm_combiners.compile.relax_runner import compile_module, count_ops, make_target, run_vm
 
 R = relax.op
 
@@ -52,3 +53,15 @@ def assert_same_outputs(before: tvm.IRModule, after: tvm.IRModule, inputs: Seque
 
 def ops(mod: tvm.IRModule, name: str) -> int:
     return count_ops(mod)[name]
+
+
+def check_scheduled(mod: tvm.IRModule, want: np.ndarray, inputs: list[np.ndarray], cpu: str | None = None) -> None:
+    """The build with the default CPU schedules and TVM's naive loops equal ``want`` (relative to its
+    largest value) and each other."""
+    scheduled = run_vm(compile_module(mod, "llvm", cpu=cpu), inputs)[0]
+    naive = run_vm(compile_module(mod, "llvm", cpu_pipeline(make_target("llvm", cpu), schedules=False), cpu=cpu),
+                   inputs)[0]
+    scale = max(np.abs(want).max(), 1.0)
+    assert scheduled.shape == want.shape
+    assert np.abs(scheduled - want).max() / scale < 1e-5
+    assert np.abs(scheduled - naive).max() / scale < 1e-5

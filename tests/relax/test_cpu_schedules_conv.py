@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import tvm
 from cpu_matrix import cpus, runnable_cpus
-from helpers import make_module
+from helpers import check_scheduled, make_module
 from tvm import relax
 
 from tvm_combiners.compile.host import cpu_features
-from tvm_combiners.compile.pipelines import cpu_pipeline, fusion_passes
+from tvm_combiners.compile.pipelines import fusion_passes
 from tvm_combiners.compile.relax_runner import compile_module, make_target, run_vm
 from tvm_combiners.compile.schedules import CPUConv2D, CPUInjective, CPUPool, default_schedules
 
@@ -124,17 +124,6 @@ def _scheduled(mod: tvm.IRModule, word: str, cpu: str | None = None) -> list[boo
             if isinstance(f, tvm.tirx.PrimFunc) and word in gv.name_hint and "weight_prepack" not in gv.name_hint]
 
 
-def _check(mod: tvm.IRModule, want: np.ndarray, inputs: list[np.ndarray], cpu: str | None = None) -> None:
-    """Scheduled and naive builds equal numpy (relative to the largest output) and each other."""
-    scheduled = run_vm(compile_module(mod, "llvm", cpu=cpu), inputs)[0]
-    naive = run_vm(compile_module(mod, "llvm", cpu_pipeline(make_target("llvm", cpu), schedules=False), cpu=cpu),
-                   inputs)[0]
-    scale = max(np.abs(want).max(), 1.0)
-    assert scheduled.shape == want.shape
-    assert np.abs(scheduled - want).max() / scale < 1e-5
-    assert np.abs(scheduled - naive).max() / scale < 1e-5
-
-
 def _lanes(cpu: str | None, width: int) -> int:
     """float32 lanes of the CPU's widest vector that divides ``width`` (LLVM's features of it)."""
     features = cpu_features(cpu) if cpu else cpu_features(str(make_target("llvm").attrs["mcpu"]))
@@ -156,7 +145,7 @@ def _loops(sch: tvm.s_tir.Schedule, block: str) -> list:
 def test_each_conv_computes_what_numpy_and_the_naive_loops_do(name):
     mod = _conv_module(name)
     inputs = _inputs(mod)
-    _check(mod, _conv_numpy(name, *inputs), inputs)
+    check_scheduled(mod, _conv_numpy(name, *inputs), inputs)
     assert _scheduled(mod, "conv2d") == [CONVS[name][4] is not None]
 
 
@@ -211,7 +200,7 @@ def test_a_constant_weight_is_repacked_at_compile_time():
     lowered = _fused(mod, default_schedules())
     assert "weight_prepack" not in str(lowered["main"]) and "prepacked" in str(lowered["main"])
     x = rng.standard_normal((1, 8, 10, 10)).astype(F32)
-    _check(mod, np.maximum(conv2d_numpy(x, weight, padding=1), 0), [x])
+    check_scheduled(mod, np.maximum(conv2d_numpy(x, weight, padding=1), 0), [x])
 
 
 @pytest.mark.parametrize("form", ["int8 x int8 -> int32", "NHWC", "symbolic batch"])
@@ -254,7 +243,7 @@ def test_each_pool_computes_what_numpy_and_the_naive_loops_do(name):
     op = R.nn.max_pool2d if reference[3] == "max" else R.nn.avg_pool2d
     mod = make_module({"x": (shape, F32)}, lambda bb, x: bb.emit(op(x, **attrs)))
     inputs = _inputs(mod)
-    _check(mod, pool_numpy(inputs[0], *reference), inputs)
+    check_scheduled(mod, pool_numpy(inputs[0], *reference), inputs)
     assert _scheduled(mod, "pool") == [scheduled]
     if scheduled:
         sch = CPUPool().apply(_function(mod, "pool"), make_target("llvm"), False)
@@ -286,7 +275,7 @@ def test_each_injective_function_computes_what_numpy_and_the_naive_loops_do(name
     params, body, reference, parallel = INJECTIVE[name]
     mod = make_module(params, body)
     inputs = _inputs(mod)
-    _check(mod, reference(*[a.astype(np.float64) for a in inputs]), inputs)
+    check_scheduled(mod, reference(*[a.astype(np.float64) for a in inputs]), inputs)
     ((gv, func),) = [(gv, f) for gv, f in _fused(mod).functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
     assert _scheduled(mod, gv.name_hint) == [True]
     text = CPUInjective().apply(func, make_target("llvm"), False).mod.script()
@@ -312,7 +301,7 @@ def test_a_small_cnn_computes_what_numpy_does_on_every_cpu_this_host_runs(cpu):
     mod = make_module({"x": ((1, 8, 12, 12), F32)}, body)
     x = rng.standard_normal((1, 8, 12, 12)).astype(F32)
     z = conv2d_numpy(np.maximum(conv2d_numpy(x, w1, padding=1), 0), w2, 2, 1, 1, 2)
-    _check(mod, pool_numpy(z, 3, 1, 1, "max") + z, [x], cpu=cpu)
+    check_scheduled(mod, pool_numpy(z, 3, 1, 1, "max") + z, [x], cpu=cpu)
 
 
 def test_a_module_with_a_function_without_blocks_keeps_its_repack_inside_the_kernel():

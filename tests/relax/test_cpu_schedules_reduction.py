@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import tvm
 from cpu_matrix import cpus, runnable_cpus
-from helpers import make_module
+from helpers import check_scheduled, make_module
 from tvm import relax
 
 from tvm_combiners.compile.host import cpu_features
-from tvm_combiners.compile.pipelines import cpu_pipeline, fusion_passes
+from tvm_combiners.compile.pipelines import fusion_passes
 from tvm_combiners.compile.relax_runner import compile_module, make_target, run_vm
 from tvm_combiners.compile.schedules import CPUReduction, default_schedules
 
@@ -98,13 +98,7 @@ def _inputs(mod: tvm.IRModule, sizes: dict[str, int] | None = None) -> list[np.n
 def _check(mod: tvm.IRModule, reference: object, inputs: list[np.ndarray], cpu: str | None = None) -> None:
     """Scheduled and naive builds equal numpy (relative to the largest output) and each other."""
     want = reference(*[a.astype(np.float64) for a in inputs])
-    scheduled = run_vm(compile_module(mod, "llvm", cpu=cpu), inputs)[0]
-    naive = run_vm(compile_module(mod, "llvm", cpu_pipeline(make_target("llvm", cpu), schedules=False), cpu=cpu),
-                   inputs)[0]
-    scale = max(np.abs(want).max(), 1.0)
-    assert scheduled.shape == want.shape
-    assert np.abs(scheduled - want).max() / scale < 1e-5
-    assert np.abs(scheduled - naive).max() / scale < 1e-5
+    check_scheduled(mod, want, inputs, cpu)
 
 
 def _lanes(cpu: str | None, width: int) -> int | None:
