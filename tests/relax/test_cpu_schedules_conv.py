@@ -226,6 +226,48 @@ def test_other_convolutions_keep_their_loops_and_compute_right(form):
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=1e-5, atol=1e-4)
 
 
+def conv2d_transpose_numpy(x: np.ndarray, w: np.ndarray, stride: int, padding: int, output_padding: int = 0
+                           ) -> np.ndarray:
+    """NCHW x IOHW, in float64: each input element scatters its weighted kernel into the output."""
+    n, _, h, width = x.shape
+    _, outs, kh, kw = w.shape
+    full = np.zeros((n, outs, (h - 1) * stride + kh + output_padding, (width - 1) * stride + kw + output_padding))
+    for i in range(kh):
+        for j in range(kw):
+            full[:, :, i:i + stride * (h - 1) + 1:stride, j:j + stride * (width - 1) + 1:stride] += np.einsum(
+                "nchw,co->nohw", x.astype(np.float64), w[:, :, i, j].astype(np.float64))
+    oh, ow = full.shape[2] - 2 * padding, full.shape[3] - 2 * padding
+    return full[:, :, padding:padding + oh, padding:padding + ow]
+
+
+# name -> (input shape, IOHW weight shape, stride, padding, output padding)
+TRANSPOSED = {
+    "2x2 stride 2 (an FPN's upsampling)": ((1, 16, 6, 6), (16, 16, 2, 2), 2, 0, 0),
+    "3x3 stride 2, padding 1, output padding 1": ((1, 8, 5, 5), (8, 16, 3, 3), 2, 1, 1),
+}
+
+
+@pytest.mark.parametrize("constant", [False, True], ids=["weight input", "constant weight"])
+@pytest.mark.parametrize("name", TRANSPOSED)
+def test_conv2d_transpose_is_scheduled_as_a_convolution_with_its_kernel_computed_once(name, constant):
+    """LegalizeOps writes conv2d_transpose as a convolution of the zero-stuffed input with the flipped,
+    transposed kernel; the rule's repack computes that kernel, so a constant one is computed at compile time."""
+    shape, weight_shape, stride, padding, output_padding = TRANSPOSED[name]
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal(shape).astype(F32), rng.standard_normal(weight_shape).astype(F32)
+    attrs = {"strides": stride, "padding": padding, "output_padding": output_padding}
+    if constant:
+        mod = make_module({"x": (shape, F32)}, lambda bb, x: bb.emit(R.nn.conv2d_transpose(x, relax.const(w), **attrs)))
+        inputs = [x]
+        assert "prepacked" in str(_fused(mod, default_schedules())["main"])
+    else:
+        mod = make_module({"x": (shape, F32), "w": (weight_shape, F32)},
+                          lambda bb, x, w: bb.emit(R.nn.conv2d_transpose(x, w, **attrs)))
+        inputs = [x, w]
+    check_scheduled(mod, conv2d_transpose_numpy(x, w, stride, padding, output_padding), inputs)
+    assert _scheduled(mod, "conv2d_transpose") == [True]
+
+
 # name -> (input shape, pool attributes, numpy arguments (kernel, stride, padding, kind, layout), scheduled)
 POOLS = {
     "max 3x3 stride 1": ((1, 8, 14, 14), {"pool_size": 3, "strides": 1, "padding": 1}, (3, 1, 1, "max", "NCHW"), True),

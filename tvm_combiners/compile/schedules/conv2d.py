@@ -50,7 +50,9 @@ class CPUConv2D(CPURule):
     tile is a segment of one channel's output row (in vectors where one divides the width, else an
     unrolled run of scalars). Channel blocks and rows run in parallel; the padding is a loop nest of
     its own; the elementwise epilogue FuseOps put in the function is computed on each tile as it
-    leaves registers. Depthwise convolutions (and groups of fewer inputs), mixed dtypes, symbolic
+    leaves registers. conv2d_transpose takes the same form: LegalizeOps writes it as a convolution
+    of the zero-stuffed, padded input with the flipped kernel, which the repack computes (once, for
+    a constant weight). Depthwise convolutions (and groups of fewer inputs), mixed dtypes, symbolic
     sizes, other layouts and other functions are declined: they keep their loops.
     """
 
@@ -79,6 +81,8 @@ class CPUConv2D(CPURule):
         else:
             return None
         outer, init_at, vector = tile
+        if channel_form:
+            before = _repack_weight(sch, func, conv, vector, before)
         accumulate = sch.cache_write(conv.block, 0, "local")
         if channel_form:  # the tile's channels innermost, as the registers hold them
             sch.transform_layout(conv.block, ("write", 0), lambda n, f, y, x: (n, y, x, f))
@@ -119,12 +123,39 @@ def _channel_tiles(sch: s_tir.Schedule, conv: _Conv, lanes: int, registers: int)
     fo, fi = sch.split(f, [None, channels])
     xo, xi = sch.split(x, [None, width])
     sch.reorder(n, fo, y, xo, rc, ry, rx, xi, fi)
-    packed = sch.cache_read(conv.block, conv.weight, "global")
-    sch.transform_layout(packed, ("write", 0), lambda o, i, h, w: (o // channels, i, h, w, o % channels))
-    sch.annotate(packed, PREPROC, True)
     sch.unroll(xi)
     sch.vectorize(fi)
     return xo, rc, channels
+
+
+def _repack_weight(sch: s_tir.Schedule, func: tirx.PrimFunc, conv: _Conv, channels: int,
+                   before: list[Any]) -> list[Any]:
+    """Read the weight repacked as ``[O / channels, I, KH, KW, channels]``; returns the blocks of
+    ``before`` still there.
+
+    SplitLayoutRewritePreproc splits off only a repack that reads a parameter: a weight the function
+    computes first (conv2d_transpose's flipped, transposed kernel) is computed inside the repack, so
+    that the kernel too is computed once. Where it cannot be, the repack stays in the function.
+    """
+    packed = sch.cache_read(conv.block, conv.weight, "global")
+    sch.transform_layout(packed, ("write", 0), lambda o, i, h, w: (o // channels, i, h, w, o % channels))
+    params = list(func.params)  # the function's buffers
+
+    def reads_param() -> bool:
+        return any(sch.get(packed).reads[0].source.same_as(p) for p in params)
+
+    if not reads_param():
+        source = sch.get(packed).reads[0].source
+        producers = [b for b in before if any(w.source.same_as(source) for w in sch.get(b).writes)]
+        try:
+            for block in producers:
+                sch.compute_inline(block)
+        except (RuntimeError, ValueError):
+            return before
+        before = [b for b in before if b not in producers]
+    if reads_param():
+        sch.annotate(packed, PREPROC, True)
+    return before
 
 
 def _width_tiles(sch: s_tir.Schedule, conv: _Conv, target: Target,
