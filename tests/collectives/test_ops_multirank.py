@@ -64,6 +64,22 @@ def check_ranks(n: int, out, suffixes: tuple[str, ...], allreduce_runs: int) -> 
             partial = ins[0]["f"] if rank == n - 1 else np.zeros((4, 6), "float32")
             np.testing.assert_array_equal(got["partial" + suffix], partial)
             np.testing.assert_array_equal(got["two_hops" + suffix], ins[(rank - 2) % n]["t"])
+            check_bfloat16(got, ins, n, rank, suffix)
+
+
+def check_bfloat16(got, ins, n: int, rank: int, suffix: str) -> None:
+    """bfloat16 (saved widened to float32) against the float32 reduction rounded once via ml_dtypes."""
+    import ml_dtypes
+
+    wide = [x["bf"].astype("float32") for x in ins]
+    total = np.sum(wide, axis=0)
+    np.testing.assert_array_equal(got["allreduce_bf16_sum" + suffix],
+                                  total.astype(ml_dtypes.bfloat16).astype("float32"))
+    assert not np.array_equal(total.astype(ml_dtypes.bfloat16).astype("float32"), total)  # the rounding shows
+    np.testing.assert_array_equal(got["reduce_scatter_bf16_avg" + suffix],
+                                  np.split((total / n).astype(ml_dtypes.bfloat16).astype("float32"), n)[rank])
+    np.testing.assert_array_equal(got["allgather_bf16_axis1" + suffix], np.concatenate(wide, axis=1))
+    np.testing.assert_array_equal(got["ring_bf16" + suffix], wide[(rank - 1) % n])
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])

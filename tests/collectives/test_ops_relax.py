@@ -189,7 +189,7 @@ VALIDATION = [
      "reduce_scatter: op 'avg' needs a floating-point dtype, got int32 (an integer mean would truncate)"),
     (lambda: C.allreduce(tensor((2,), "bool")),
      "allreduce: x has dtype bool, which is not supported; expected one of "
-     "int8, int16, int32, int64, uint8, uint16, uint32, uint64, float16, float32, float64"),
+     "int8, int16, int32, int64, uint8, uint16, uint32, uint64, float16, bfloat16, float32, float64"),
     (lambda: C.allgather(X, axis=2, group=[[0, 1]]), "allgather: axis 2 is out of range for a 2-d operand; expected -2 <= axis < 2"),
     (lambda: C.reduce_scatter(X, axis=-3, group=[[0, 1]]),
      "reduce_scatter: axis -3 is out of range for a 2-d operand; expected -2 <= axis < 2"),
@@ -234,7 +234,7 @@ VALIDATION = [
     (lambda: C.recv((2, -1), "float32", [[0, 1]]), "recv: shape must be a list of integers >= 0, got (2, -1)"),
     (lambda: C.recv((2,), "complex64", [[0, 1]]),
      "recv: dtype complex64 is not supported; expected one of "
-     "int8, int16, int32, int64, uint8, uint16, uint32, uint64, float16, float32, float64"),
+     "int8, int16, int32, int64, uint8, uint16, uint32, uint64, float16, bfloat16, float32, float64"),
     (lambda: C.recv((2,), None, [[0, 1]]), "recv: dtype must be a string such as 'float32', got None"),
     (lambda: C.send(X, [[0, 1]], token=NOT_TOKEN),
      "send: token must be a token (a 0-d int32 tensor), got a tensor of shape (2,) and dtype int32"),
@@ -716,3 +716,58 @@ def test_attributes_written_by_hand_are_checked_as_the_builders_check_them(kind,
     call = relax.Call(ir.Op.get(S.relax_op_name(kind)), args, ir.make_node("ir.DictAttrs", **attrs))
     with pytest.raises(Exception, match=re.escape(msg)):
         ty_of(call)
+
+
+# --------------------------------------------------------------------------- bfloat16
+
+
+@pytest.mark.parametrize("make, shape", [
+    (lambda x: C.allreduce(x, "avg"), (4, 6)),
+    (lambda x: C.allgather(x, axis=1, world_size=2), (4, 12)),
+    (lambda x: C.reduce_scatter(x, "prod", axis=0, world_size=2), (2, 6)),
+    (lambda x: C.recv((4, 6), "bfloat16", [[0, 1]]), (4, 6)),
+])
+def test_bfloat16_every_op_types(make, shape):
+    ty = ty_of(make(tensor((4, 6), "bfloat16")))
+    assert [int(d) for d in ty.shape.values] == list(shape) and str(ty.dtype) == "bfloat16"
+    assert str(ty_of(C.send(tensor((4, 6), "bfloat16"), [[0, 1]])).dtype) == "int32"
+
+
+def test_bfloat16_reductions_stay_off_the_native_kernels():
+    """MPI has no bfloat16: MPI_SUM on its words would add integers. Reductions go to the generic
+    function (float32 in Python); gathers and transfers move the 2-byte words natively."""
+    assert native.codes("sum", "bfloat16") is None and native.codes("max", "bfloat16") is None
+    if not native.prepare():
+        pytest.skip("no native kernels here")
+    x = tensor((2, 3), "bfloat16")
+    mod = build(lambda bb, x: [bb.emit(C.allreduce(x, "sum")), bb.emit(C.reduce_scatter(x, "avg", 0, world_size=2)),
+                               bb.emit(C.allgather(x, 0, world_size=2))], [x])
+    target = tvm.target.Target({"kind": "llvm"})
+    with target:
+        lowered = relax.transform.LegalizeOps()(mod)
+    text = lowered.script()
+    assert '"tvm_combiners.allreduce"' in text and '"tvm_combiners.reduce_scatter"' in text
+    assert "native.allgather" in text and "native.allreduce" not in text and "native.reduce_scatter" not in text
+
+
+def test_bfloat16_host_reduction_against_numpy(monkeypatch):
+    """The host path's reduction of bfloat16: float32, rounded once to bfloat16 (ml_dtypes, to nearest even)."""
+    import ml_dtypes
+
+    from tvm_combiners.collectives.runtime import host_collectives as H
+
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    xs = [np.array([1.0078125, 3.03125, np.nan, -2.0], "float32").astype(bf16),
+          np.array([256.0, 3.0625, 1.0, np.inf], "float32").astype(bf16)]
+
+    class Comm:  # the reduction MPI would run over the two ranks, on the float32 copies it is given
+        def Allreduce(self, send, recv, op):  # noqa: N802 - mpi4py's name
+            assert send.dtype == np.float32 and recv.dtype == np.float32  # never the 16-bit words
+            recv[...] = send + xs[1].astype("float32") if op is H.mpi_op("sum", "t") else np.maximum(send, xs[1].astype("float32"))
+
+    for op, ref in (("sum", xs[0].astype("float32") + xs[1].astype("float32")),
+                    ("avg", (xs[0].astype("float32") + xs[1].astype("float32")) / 2)):
+        out = np.empty(4, bf16)
+        H._reduce("t", Comm(), op, xs[0], out, 2, block=False)
+        np.testing.assert_array_equal(out.astype("float32"), ref.astype(bf16).astype("float32"))
+    assert float(out[0]) == 129.0  # (1.0078125 + 256) / 2 = 128.50390625; bfloat16 holds 128 and 129 there

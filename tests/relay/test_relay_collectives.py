@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import re
 import subprocess
 import sys
@@ -18,6 +19,13 @@ from tvm_combiners.collectives import relay as C
 from tvm_combiners.collectives import selfcheck
 from tvm_combiners.collectives import spec as S
 from tvm_combiners.collectives.ordering import SendRecvOrderError
+
+# the bfloat16 spot checks of the Relax multi-rank test, for the same selfcheck results
+_multirank = importlib.util.spec_from_file_location(
+    "test_ops_multirank", __import__("pathlib").Path(__file__).parents[1] / "collectives" / "test_ops_multirank.py")
+check_bfloat16 = importlib.util.module_from_spec(_multirank)
+_multirank.loader.exec_module(check_bfloat16)
+check_bfloat16 = check_bfloat16.check_bfloat16
 
 TARGET = tvm.target.Target("llvm -mtriple=x86_64-linux-gnu")
 RUNTIME_NAMES = ["allreduce", "allgather", "reduce_scatter", "send", "recv"]
@@ -406,6 +414,8 @@ def check_relay_ranks(n: int, tmp_path) -> None:
         partner = rank ^ 1
         np.testing.assert_array_equal(got["swap"], ins[partner]["f"] if partner < n else np.zeros((4, 6), "float32"))
         np.testing.assert_array_equal(got["two_hops@vm"], ins[(rank - 2) % n]["t"])
+        for suffix in ("", "@vm"):
+            check_bfloat16(got, ins, n, rank, suffix)
 
 
 def test_order_send_recv_on_a_deep_graph():
@@ -424,3 +434,58 @@ def test_order_send_recv_on_a_deep_graph():
     for _ in range(6000):
         recv = relay.add(recv, z)
     assert tvm.ir.structural_equal(C.OrderSendRecv()(program(6000))["main"].body, relay.Tuple([recv, send]))
+
+
+# --------------------------------------------------------------------------- bfloat16
+
+
+def test_bfloat16_reaches_the_runtime_as_uint16_words_in_both_executors():
+    """TVM 0.16 labels a bfloat16 buffer float32 in call_packed (the runtime read past its end): every op
+    hands the runtime uint16 words, reductions through the ``*_bfloat16_words`` functions."""
+    import ml_dtypes
+
+    names = ["allreduce_bfloat16_words", "reduce_scatter_bfloat16_words", "allgather", "send", "recv"]
+    saved = {k: tvm.get_global_func("tvm_combiners." + k, allow_missing=True) for k in names}
+    log: list[tuple[str, str]] = []
+
+    def make(name):
+        def f(*args):
+            tensors = [a for a in args if isinstance(a, tvm.nd.NDArray)]
+            log.append((name, ",".join(str(t.dtype) for t in tensors)))
+            out = tensors[-1]
+            if name != "send":  # the words of x, repeated: a result that shows the words came back as bfloat16
+                src = tensors[0].numpy() if len(tensors) > 1 else np.full(out.shape, 0x3F80, "uint16")  # 1.0
+                out.copyfrom(np.resize(src, tuple(out.shape)).astype(str(out.dtype)))
+
+        return f
+
+    for k in names:
+        tvm.register_func("tvm_combiners." + k, make(k), override=True)
+    try:
+        x = var((2, 2), "bfloat16")
+        tok = C.send(x, [[0, 0]], channel_id=1)
+        outs = [C.allreduce(x, "avg"), C.reduce_scatter(x, "sum", 0, world_size=2), C.allgather(x, 1, world_size=1),
+                C.recv((2, 2), "bfloat16", [[0, 0]], channel_id=1, token=tok)]
+        mod = C.OrderSendRecv()(module(relay.Tuple(outs), [x]))
+        data = np.array([[1.5, -2.0], [3.0, 0.25]], "float32").astype(ml_dtypes.bfloat16)
+        graph, vm = run_both(mod, x=data)
+    finally:
+        for k, f in saved.items():
+            if f is not None:
+                tvm.register_func("tvm_combiners." + k, f, override=True)
+    assert sorted(set(log)) == [("allgather", "uint16,uint16"), ("allreduce_bfloat16_words", "uint16,uint16"),
+                                ("recv", "uint16"), ("reduce_scatter_bfloat16_words", "uint16,uint16"),
+                                ("send", "uint16,int32")]
+    words = data.view("uint16")
+    for got in (graph, [v.numpy() for v in vm]):  # TVM 0.16's numpy(): a bfloat16 result's uint16 words
+        np.testing.assert_array_equal(got[0], words)
+        np.testing.assert_array_equal(got[1], words[:1])
+        np.testing.assert_array_equal(got[2], words)
+        np.testing.assert_array_equal(got[3], np.full((2, 2), 0x3F80, "uint16"))
+
+
+def test_a_bfloat16_vector_dtype_is_refused_in_one_line():
+    """bfloat16 with lanes (``bfloat16x4``) is no element MPI or NCCL can carry: refused when built."""
+    with raises("allreduce: x has dtype bfloat16x4, which is not supported; expected one of "
+                "int8, int16, int32, int64, uint8, uint16, uint32, uint64, float16, bfloat16, float32, float64"):
+        C.allreduce(var((4,), "bfloat16x4"))

@@ -4,11 +4,14 @@
 
 Each rank builds the same module (every reduction, groups, allgather and reduce_scatter on several
 axes, send/recv as a pair swap, two rings in flight on two channels, partial pairs, a token chain,
-a channel used twice, recvs placed before their sends in program order, and an allreduce whose
-result nobody uses), compiles it for llvm, runs it, checks its own results against numpy (so a
+a channel used twice, recvs placed before their sends in program order, every op in bfloat16, and
+an allreduce whose result nobody uses), compiles it for llvm, runs it, checks its own results against numpy (so a
 wrong rank ends the job with its error) and saves them to ``DIR/rank<R>.npz`` for the caller to
 check again. The inputs depend only on the rank, so any process can compute every rank's
 expected results with :func:`expected`.
+
+bfloat16 results are compared and saved widened to float32, which holds every bfloat16 exactly:
+numpy has no bfloat16 of its own (ml_dtypes supplies one, which ``np.savez`` cannot store).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 REDUCE = {
@@ -32,7 +36,27 @@ REDUCE = {
 }
 
 
-NAN_DTYPES = ("float16", "float32", "float64")
+NAN_DTYPES = ("float16", "bfloat16", "float32", "float64")
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def widened(a: np.ndarray) -> np.ndarray:
+    """``a`` as compared and saved: bfloat16 as float32 (exact), anything else as it is."""
+    return a.astype("float32") if a.dtype == BFLOAT16 else a
+
+
+def host_array(t: Any) -> np.ndarray:
+    """A result tensor in numpy, :func:`widened`. TVM 0.16's ``numpy()`` hands bfloat16 over as its
+    uint16 words (TVM 0.27's as ml_dtypes' bfloat16): the words are read back as bfloat16 first."""
+    a = t.numpy()
+    if str(t.dtype) == "bfloat16" and a.dtype != BFLOAT16:
+        a = a.view(BFLOAT16)
+    return widened(a)
+
+
+def rounded(a: np.ndarray) -> np.ndarray:
+    """A float32 result rounded to bfloat16 (to nearest even, as the runtime rounds), widened back."""
+    return a.astype(BFLOAT16).astype("float32")
 
 
 def inputs(rank: int) -> dict[str, np.ndarray]:
@@ -47,6 +71,8 @@ def inputs(rank: int) -> dict[str, np.ndarray]:
         **{f"nan_{dt}": np.where(np.arange(12) == rank, np.nan, np.arange(12) % 5 - rank).astype(dt)
            for dt in NAN_DTYPES},
         "big_float16": np.full(12, 40000.0, "float16"),  # the mean fits float16, the sum does not
+        # 8 significant bits, bfloat16's all: a sum over ranks needs more, so its rounding shows
+        "bf": ((base.reshape(12, 2) % 5 + 1) * (1 + (rank + 1) / 128)).astype(BFLOAT16),
     }
 
 
@@ -143,6 +169,7 @@ def cases(n: int) -> list[Case]:
             lambda ins, r: np.split(REDUCE["avg"]([x["t"] for x in ins]), n, axis=1)[r],
         ),
     ]
+    out += bfloat16_cases(n)
     # Point to point. Every recv is built (placed) before its send: OrderSendRecv must fix the order.
     swap, fwd, back, part = swap_pairs(n), ring(n, 1), ring(n, -1), [[0, n - 1]]
 
@@ -183,9 +210,31 @@ def cases(n: int) -> list[Case]:
     return out
 
 
+def bfloat16_cases(n: int) -> list[Case]:
+    """Every op in bfloat16: reductions in float32, rounded once (sum and avg need more than
+    bfloat16's 8 significant bits here), gathers and transfers moving 2-byte words unchanged."""
+
+    def wide(ins: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
+        return [x["bf"].astype("float32") for x in ins]
+
+    fwd = ring(n, 1)
+    out = [Case(f"allreduce_bf16_{op}", lambda C, v, T, op=op: C.allreduce(v["bf"], op),
+                lambda ins, r, op=op: rounded(REDUCE[op](wide(ins)).astype("float32")))
+           for op in ("sum", "prod", "min", "max", "avg")]
+    return out + [
+        Case("allgather_bf16_axis1", lambda C, v, T: C.allgather(v["bf"], 1, world_size=n),
+             lambda ins, r: np.concatenate(wide(ins), axis=1)),
+        Case("reduce_scatter_bf16_avg", lambda C, v, T: C.reduce_scatter(v["bf"], "avg", 0, world_size=n),
+             lambda ins, r: np.split(rounded(REDUCE["avg"](wide(ins)).astype("float32")), n)[r]),
+        Case("ring_bf16", lambda C, v, T: T["emit"](C.recv((12, 2), "bfloat16", fwd, channel_id=7,
+                                                           token=T["emit"](C.send(v["bf"], fwd, channel_id=7)))),
+             lambda ins, r: wide(ins)[(r - 1) % n]),
+    ]
+
+
 def expected(n: int, rank: int) -> dict[str, np.ndarray]:
     ins = [inputs(r) for r in range(n)]
-    return {c.name: c.expect(ins, rank) for c in cases(n) if not c.name.startswith("_")}
+    return {c.name: widened(c.expect(ins, rank)) for c in cases(n) if not c.name.startswith("_")}
 
 
 def _count_calls(names: list[str], register: Callable[..., Any], get: Callable[[str], Any]) -> list[int]:
@@ -241,7 +290,7 @@ def run_relax(n: int, rank: int) -> tuple[dict[str, np.ndarray], int]:
     ex = tvm.compile(mod, target=target, relax_pipeline=C.pipeline(target))
     vm = relax.VirtualMachine(ex, tvm.cpu())
     outs = vm["main"](*(tvm.runtime.tensor(ins[k]) for k in params))
-    return {name: outs[i].numpy() for i, name in enumerate(names)}, count[0]
+    return {name: host_array(outs[i]) for i, name in enumerate(names)}, count[0]
 
 
 def run_relay(n: int, rank: int) -> tuple[dict[str, np.ndarray], int]:
@@ -252,9 +301,10 @@ def run_relay(n: int, rank: int) -> tuple[dict[str, np.ndarray], int]:
     from ..compile.relay_runner import make_target as make_relay_target
     from . import relay as C
     from . import runtime  # noqa: F401 - registers the packed functions
+    from .spec import bfloat16_words_function
 
-    count = _count_calls(["tvm_combiners.allreduce"], lambda k, f: tvm.register_func(k, f, override=True),
-                         tvm.get_global_func)
+    count = _count_calls(["tvm_combiners.allreduce", bfloat16_words_function("allreduce")],
+                         lambda k, f: tvm.register_func(k, f, override=True), tvm.get_global_func)
     ins = inputs(rank)
     params = {k: relay.var(k, shape=v.shape, dtype=str(v.dtype)) for k, v in ins.items()}
     T: dict[str, Any] = {"emit": lambda e: e}
@@ -275,11 +325,11 @@ def run_relay(n: int, rank: int) -> tuple[dict[str, np.ndarray], int]:
     for k, v in ins.items():
         gmod.set_input(k, v)
     gmod.run()
-    graph = {name: gmod.get_output(i).numpy() for i, name in enumerate(names)}
+    graph = {name: host_array(gmod.get_output(i)) for i, name in enumerate(names)}
     vm = relay.create_executor("vm", mod=mod, target=target, device=tvm.cpu()).evaluate()
     vm_outs = vm(*(ins[k] for k in params))
     for i, name in enumerate(names):
-        graph[name + "@vm"] = vm_outs[i].numpy()
+        graph[name + "@vm"] = host_array(vm_outs[i])
     return graph, count[0]
 
 

@@ -61,9 +61,10 @@ TOKEN_DTYPE = "int32"
 TOKEN_SHAPE: tuple[int, ...] = ()
 TOKEN_DESCRIPTION = "a token (a 0-d int32 tensor)"
 
-#: dtypes MPI and NCCL both move and reduce.
+#: dtypes MPI and NCCL both move, and reduce on the host path. float16 and bfloat16 reach MPI as
+#: 2-byte words, which MPI cannot reduce: the runtime reduces them in float32 copies, rounding once.
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
-FLOAT_DTYPES = ("float16", "float32", "float64")
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 SUPPORTED_DTYPES = INT_DTYPES + FLOAT_DTYPES
 #: MPI guarantees tags up to 32767; the runtime derives the tag from channel_id.
 MAX_CHANNEL_ID = 32767
@@ -90,6 +91,12 @@ def register_error_class(cls: type) -> type:
 
 
 register_error_class(CollectiveError)
+
+
+def bfloat16_words_function(kind: str) -> str:
+    """The runtime function of an allreduce or reduce_scatter whose uint16 tensors hold bfloat16: how
+    Relay hands bfloat16 over (TVM 0.16's lowering labels a bfloat16 buffer float32 in ``call_packed``)."""
+    return f"{RUNTIME_PREFIX}{kind}_bfloat16_words"
 
 
 def relax_op_name(kind: str) -> str:

@@ -18,7 +18,9 @@ Layouts (``n`` = group size, op ``i`` has operand shape ``P_i x A_i x Q_i`` arou
 
 Mixed dtypes share a buffer only where bytes move unchanged (allgather, send/recv): the buffer is
 then ``uint8`` and each segment starts at a multiple of 8 bytes, so every op's data stays aligned.
-A reduction never mixes dtypes (the key holds the dtype).
+A reduction never mixes dtypes (the key holds the dtype). bfloat16 never shares a buffer with
+another dtype either: a combined op of bfloat16 stays bfloat16, which the runtime reduces in
+float32 and Relay hands over as words it knows to be bfloat16 (a uint8 buffer would hide it).
 """
 
 from __future__ import annotations
@@ -39,10 +41,15 @@ PASS_KINDS = ("allreduce", "allgather", "reduce_scatter", "send_recv")
 
 
 def itemsize(dtype: str) -> int:
-    """Bytes per element of a supported collective dtype (``float16`` .. ``float64``, ints)."""
+    """Bytes per element of a supported collective dtype (``float16``, ``bfloat16`` .. ``float64``, ints)."""
     if dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"collective combiners: dtype {dtype} cannot be packed; expected one of {', '.join(SUPPORTED_DTYPES)}")
-    return int(dtype.removeprefix("u").removeprefix("int").removeprefix("float")) // 8
+    return int(dtype.lstrip("abcdefghijklmnopqrstuvwxyz")) // 8  # the bits after the name
+
+
+def _apart(dtype: str | None) -> tuple[str, ...]:
+    """What a moving op's key adds so that bfloat16 combines only with bfloat16 (module docstring)."""
+    return (dtype,) if dtype == "bfloat16" else ()
 
 
 def collective_key(spec: CollectiveSpec, dtype: str, combine_by_dim: bool = True) -> Hashable:
@@ -55,7 +62,7 @@ def collective_key(spec: CollectiveSpec, dtype: str, combine_by_dim: bool = True
     if spec.kind == "allreduce":
         return ("allreduce", spec.op, spec.groups, dtype)
     if spec.kind == "allgather":
-        return ("allgather", spec.groups, spec.axis if combine_by_dim else None)
+        return ("allgather", spec.groups, spec.axis if combine_by_dim else None, *_apart(dtype))
     if spec.kind == "reduce_scatter":
         return ("reduce_scatter", spec.op, spec.groups, dtype, spec.axis if combine_by_dim else None)
     raise ValueError(f"collective_key: {spec.kind} is not an allreduce, allgather or reduce_scatter")
@@ -68,9 +75,10 @@ def ccl_key(op_name: str, attrs: dict, dtype: str) -> Hashable:
     return ("ccl.allgather", int(attrs["num_workers"]), bool(attrs["in_group"]))
 
 
-def transfer_key(spec: CollectiveSpec) -> Hashable:
-    """Key of a send or recv: transfers with the same pairs and channel type may travel as one."""
-    return ("transfer", spec.pairs, spec.is_host_transfer)
+def transfer_key(spec: CollectiveSpec, dtype: str | None = None) -> Hashable:
+    """Key of a send or recv of ``dtype``: transfers with the same pairs and channel type may travel
+    as one (bfloat16 only with bfloat16)."""
+    return ("transfer", spec.pairs, spec.is_host_transfer, *_apart(dtype))
 
 
 def pass_kind_of_key(key: Hashable) -> str:

@@ -81,14 +81,14 @@ def _classify(binding: Any, opts: CombinerOptions) -> _Op | None:
     if spec is not None:
         if spec.kind == "recv":
             assert spec.shape is not None and spec.dtype is not None
-            return _Op("recv", transfer_key(spec), spec.shape, spec.dtype, spec=spec, call=call)
+            return _Op("recv", transfer_key(spec, spec.dtype), spec.shape, spec.dtype, spec=spec, call=call)
         if spec.kind == "after_all":
             return None
         payload = _static(call.args[0].ty)
         if payload is None:
             return None
         if spec.kind == "send":
-            return _Op("send", transfer_key(spec), *payload, spec=spec, call=call)
+            return _Op("send", transfer_key(spec, payload[1]), *payload, spec=spec, call=call)
         key = collective_key(spec, payload[1], opts.combine_by_dim)
         return _Op(spec.kind, key, *payload, axis=spec.axis or 0, group_size=spec.group_size or 1, spec=spec, call=call)
     if call.op.name in _CCL:

@@ -11,7 +11,11 @@ an allreduce whose result is part of the output always runs, even where nothing 
 
 Lowering: ``te.extern`` calling ``tvm.tir.call_packed("tvm_combiners.<kind>", ..., out)`` (graph
 executor and VM alike); token operands stay inputs of the lowered function, so they order the
-graph, but are never handed to the runtime.
+graph, but are never handed to the runtime. bfloat16 payloads reach the runtime as their uint16
+words (TVM 0.16's BF16 legalization labels a bfloat16 buffer float32 in ``call_packed``: the
+runtime read 4-byte floats from 2-byte elements, past the buffer's end): gathers and transfers
+move the words unchanged, and allreduce and reduce_scatter call the runtime's
+``*_bfloat16_words`` functions, which reduce them as bfloat16 (in float32).
 
 Deadlock freedom: apply :func:`OrderSendRecv` to the module before ``relay.build`` (Relay has no
 hook for user passes in its build). It adds token edges so every send runs before the recv it is
@@ -59,6 +63,7 @@ _INPUTS = {
     "after_all": (("tokens", "Tuple"),),
 }
 _MARKER = "tvm_combiners.collectives.relay_registered"
+_BF16 = "bfloat16"
 
 
 # --------------------------------------------------------------------------- types
@@ -133,6 +138,12 @@ def _compute(kind: str):
 
         payload = out_type if kind == "recv" else ins[0]
         empty = kind in S.P2P_KINDS and any(int(d) == 0 for d in payload.shape)
+        out_dtype = out_type.dtype
+        if str(payload.dtype) == _BF16:  # as uint16 words (module docstring)
+            ins = [topi.reinterpret(t, "uint16") if str(t.dtype) == _BF16 else t for t in ins]
+            out_dtype = "uint16" if out_dtype == _BF16 else out_dtype
+            if kind in ("allreduce", "reduce_scatter"):
+                name = S.bfloat16_words_function(kind)
 
         def body(ins_buf: Sequence[Any], outs: Sequence[Any]) -> Any:
             if empty:  # the Relay VM never runs a zero-size recv, though it runs the send: the message
@@ -141,8 +152,8 @@ def _compute(kind: str):
                 return tvm.tir.Evaluate(0)
             return tvm.tir.call_packed(name, *ins_buf[:n_payload], *extra, outs[0])
 
-        out = te.extern([out_type.shape], ins, body, dtype=[out_type.dtype], name=kind)
-        return [out]
+        out = te.extern([out_type.shape], ins, body, dtype=[out_dtype], name=kind)
+        return [topi.reinterpret(out, _BF16) if out_dtype != out_type.dtype else out]
 
     return compute
 

@@ -19,7 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from ..spec import AGREE_SHAPES, CHECK_COLLECTIVES_ENV, RUNTIME_PREFIX, checking_collectives, register_error_class
+from ..spec import (
+    AGREE_SHAPES,
+    CHECK_COLLECTIVES_ENV,
+    RUNTIME_PREFIX,
+    bfloat16_words_function,
+    checking_collectives,
+    register_error_class,
+)
 from . import comm as _comm
 from . import tensors
 from .comm import Group, _routes, group, mpi, route
@@ -431,6 +438,35 @@ def allreduce(x: Any, op: str, groups: str, out: Any) -> None:
         _gpu().allreduce(name, groups, grp, x, op, out)
 
 
+def _on_bfloat16_words(x: Any, out: Any, collective_np: Callable[[np.ndarray, np.ndarray], None]) -> None:
+    """``collective_np`` on uint16 tensors read as bfloat16: through host memory for cuda tensors,
+    which NCCL would otherwise reduce as integers."""
+    if tensors.is_host(x):
+        collective_np(tensors.bfloat16_words(_view(x)), tensors.bfloat16_words(_view(out)))
+    else:
+        _gpu().on_host(x, out, lambda host, result: collective_np(tensors.bfloat16_words(host),
+                                                                   tensors.bfloat16_words(result)))
+
+
+def allreduce_bfloat16_words(x: Any, op: str, groups: str, out: Any) -> None:
+    """:func:`allreduce` of uint16 tensors that hold bfloat16 (Relay's lowering, see
+    ``collectives/relay/ops.py``): reduced as bfloat16, in float32."""
+    name = "tvm_combiners.allreduce"
+    grp = _groups.get(groups) or group(groups, name)
+    if _CHECK:
+        same_call(name, grp, describe(x, f"allreduce {op} of bfloat16 words", grp))
+    _on_bfloat16_words(x, out, lambda xv, ov: allreduce_np(name, grp, xv, op, ov))
+
+
+def reduce_scatter_bfloat16_words(x: Any, op: str, axis: int, groups: str, out: Any) -> None:
+    """:func:`reduce_scatter` of uint16 tensors that hold bfloat16, as :func:`allreduce_bfloat16_words`."""
+    name = "tvm_combiners.reduce_scatter"
+    grp = _groups.get(groups) or group(groups, name)
+    if _CHECK:
+        same_call(name, grp, describe(x, f"reduce_scatter {op} axis {axis} of bfloat16 words", grp))
+    _on_bfloat16_words(x, out, lambda xv, ov: reduce_scatter_np(name, grp, xv, op, axis, ov))
+
+
 def allgather(x: Any, axis: int, groups: str, out: Any) -> None:
     name = "tvm_combiners.allgather"
     grp = _groups.get(groups) or group(groups, name)
@@ -515,6 +551,8 @@ FUNCTIONS = {
     "tvm_combiners.send": send,
     "tvm_combiners.recv": recv,
     AGREE_SHAPES: agree_shapes,
+    bfloat16_words_function("allreduce"): allreduce_bfloat16_words,
+    bfloat16_words_function("reduce_scatter"): reduce_scatter_bfloat16_words,
 }
 
 

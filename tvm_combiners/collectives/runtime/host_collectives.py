@@ -15,7 +15,9 @@ from ..spec import REDUCTIONS
 from .comm import Group, mpi
 
 # dtypes MPI reduces natively; others (bool, float16, bfloat16, ...) are reduced in float32/int64
-# copies: float16 summed in float16 overflowed where the mean fits (avg of 40000 on 2 ranks: inf).
+# copies: float16 summed in float16 overflowed where the mean fits (avg of 40000 on 2 ranks: inf), and
+# MPI has no bfloat16 at all (MPI_SUM on its 16-bit words would add integers). The float32 result is
+# rounded once to the dtype (ml_dtypes' cast: to nearest even), so every rank gets the same bits.
 _NATIVE = {np.dtype(n) for n in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
                                  "float32", "float64")}
 #: MPI op per reduction, filled by :func:`mpi_op`: the allreduce fast path looks one up without a call.

@@ -67,7 +67,9 @@ _PREFIX = "tvm_combiners.native."
 NAMES = {kind: _PREFIX + kind for kind in ("allreduce", "allreduce_group", "allgather", "reduce_scatter", "send",
                                            "recv")}
 NAME = NAMES["allreduce"]
-#: Reductions and dtypes by position: the IR's ``op_code`` and ``dtype_code``.
+#: Reductions and dtypes by position: the IR's ``op_code`` and ``dtype_code``. Only dtypes MPI reduces
+#: itself: float16 and bfloat16 (MPI has no bfloat16, and MPI_SUM on its words would add integers) are
+#: reduced by the generic path, in float32; allgather, send and recv move any dtype's bytes natively.
 OPS = REDUCTIONS
 DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float32", "float64")
 _MPI_TYPES = ("INT8_T", "INT16_T", "INT32_T", "INT64_T", "UINT8_T", "UINT16_T", "UINT32_T", "UINT64_T",

@@ -37,9 +37,10 @@ from .host_collectives import (
     scattered_shape,
 )
 
-# dtypes NCCL reduces and moves that a CUDA Array Interface can name; anything else (bfloat16, int16,
-# bool, ...) is staged through host memory.
-NCCL_DTYPES = frozenset({"int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64"})
+# dtypes NCCL reduces and moves that a CUDA Array Interface can name; anything else (int16, bool, ...)
+# is staged through host memory. bfloat16 is named by its name (see _Array).
+NCCL_DTYPES = frozenset({"int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "bfloat16", "float32",
+                         "float64"})
 
 
 def gpu_identity(device_id: int, host: str | None = None, visible: str | None = None) -> tuple[str, str]:
@@ -91,9 +92,12 @@ class _Array:
     """A CUDA Array Interface view of a TVM cuda tensor (no copy, no stream synchronisation)."""
 
     def __init__(self, t: Any, shape: tuple[int, ...] | None = None) -> None:
+        dtype = tensors.np_dtype(t)
         self.__cuda_array_interface__ = {
             "shape": tuple(t.shape) if shape is None else shape,
-            "typestr": tensors.np_dtype(t).str,
+            # cuda.core reads typestr with numpy.dtype() and nccl4py maps the name "bfloat16" to
+            # ncclBfloat16; bfloat16's own typestr, "<V2", names no type
+            "typestr": dtype.name if dtype == tensors.BFLOAT16 else dtype.str,
             "data": (tensors.data_ptr(t), False),
             "strides": None,
             "version": 3,
@@ -138,7 +142,7 @@ def nccl_group(groups: str, grp: Group, device_id: int) -> NcclGroup | None:
     return found
 
 
-def _on_host(x: Any, out: Any, collective_np: Callable[[np.ndarray, np.ndarray], None]) -> None:
+def on_host(x: Any, out: Any, collective_np: Callable[[np.ndarray, np.ndarray], None]) -> None:
     """Host-staged MPI: ``collective_np(host copy of x, host result)``, then the result into ``out``."""
     staged = np.empty(tuple(out.shape), tensors.np_dtype(out))
     collective_np(tensors.host_copy(x), staged)
@@ -164,15 +168,20 @@ def _nccl_reduces(ng: NcclGroup, op: str, x: Any) -> bool:
     """NCCL computes the host path's result: where the host path uses MPI's own reduction. Not float
     min/max (NCCL's fminf/fmaxf drop a NaN, as MPI's MIN/MAX do), not float16 (NCCL adds and
     multiplies in half precision: 60000 + 60000 - 60000 is inf; the host path reduces in float32),
-    not avg on integers (refused)."""
+    not avg on integers (refused). bfloat16 sum, prod and avg are NCCL's own (ncclBfloat16): it
+    reduces in float and rounds each step to bfloat16, whose range is float32's, so nothing
+    overflows that fits; beyond 2 ranks it may differ from the host path's one rounding in the
+    last bit, as any two summation orders do."""
     dtype = tensors.np_dtype(x)
+    if dtype == tensors.BFLOAT16:
+        return op in ("sum", "prod", "avg")
     return op in ng.ops and builtin_reduction(op, dtype) and (op != "avg" or dtype.kind == "f")
 
 
 def allreduce(name: str, groups: str, grp: Group, x: Any, op: str, out: Any) -> None:
     ng = _nccl_for(groups, grp, x)
     if ng is None or not _nccl_reduces(ng, op, x):
-        _on_host(x, out, lambda host, result: allreduce_np(name, grp, host, op, result))
+        on_host(x, out, lambda host, result: allreduce_np(name, grp, host, op, result))
         return
     check_shape(name, "out", tuple(out.shape), tuple(x.shape))
     ng.comm.allreduce(_Array(x), _Array(out), ng.ops[op], stream=tensors.current_stream(x))
@@ -181,7 +190,7 @@ def allreduce(name: str, groups: str, grp: Group, x: Any, op: str, out: Any) -> 
 def allgather(name: str, groups: str, grp: Group, x: Any, axis: int, out: Any) -> None:
     ng = _nccl_for(groups, grp, x)
     if ng is None or not _leading(tuple(x.shape), int(axis)):
-        _on_host(x, out, lambda host, result: allgather_np(name, grp, host, axis, result))
+        on_host(x, out, lambda host, result: allgather_np(name, grp, host, axis, result))
         return
     check_shape(name, "out", tuple(out.shape), gathered_shape(name, tuple(x.shape), axis, grp.size)[1])
     ng.comm.allgather(_Array(x), _Array(out), stream=tensors.current_stream(x))
@@ -191,7 +200,7 @@ def reduce_scatter(name: str, groups: str, grp: Group, x: Any, op: str, axis: in
     ng = _nccl_for(groups, grp, x)
     if (ng is None or not _nccl_reduces(ng, op, x) or not _leading(tuple(x.shape), int(axis))
             or tuple(x.shape)[int(axis)] % grp.size):
-        _on_host(x, out, lambda host, result: reduce_scatter_np(name, grp, host, op, axis, result))
+        on_host(x, out, lambda host, result: reduce_scatter_np(name, grp, host, op, axis, result))
         return
     check_shape(name, "out", tuple(out.shape), scattered_shape(name, tuple(x.shape), axis, grp.size)[1])
     ng.comm.reduce_scatter(_Array(x), _Array(out), ng.ops[op], stream=tensors.current_stream(x))
@@ -200,7 +209,7 @@ def reduce_scatter(name: str, groups: str, grp: Group, x: Any, op: str, axis: in
 def broadcast(name: str, groups: str, grp: Group, x: Any, out: Any) -> None:
     ng = _nccl_for(groups, grp, x)
     if ng is None:
-        _on_host(x, out, lambda host, result: broadcast_np(name, grp, host, result))
+        on_host(x, out, lambda host, result: broadcast_np(name, grp, host, result))
         return
     check_shape(name, "out", tuple(out.shape), tuple(x.shape))
     ng.comm.broadcast(_Array(x), _Array(out), 0, stream=tensors.current_stream(x))

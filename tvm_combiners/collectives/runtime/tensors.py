@@ -4,6 +4,13 @@ TVM 0.27 (tvm_ffi) hands packed functions ``tvm.runtime.Tensor`` objects, which 
 DLPack without a copy.  TVM 0.16 hands ``tvm.nd.NDArray`` views of the DLTensor that compiled code
 passed (``te.extern`` + ``call_packed``); numpy 1.x marks DLPack imports read-only, so there the view
 is built from the DLTensor's data pointer instead.  Both views alias the tensor's memory.
+
+bfloat16, which numpy lacks, is ml_dtypes' numpy dtype of that name (both TVMs depend on ml_dtypes).
+TVM 0.27 exports it through DLPack as bfloat16, which ``np.from_dlpack`` refuses: the view is then
+built from the tensor's address.  TVM 0.16's ``numpy()`` returns a bfloat16 tensor's uint16 words,
+and its TIR lowering hands ``call_packed`` a bfloat16 buffer labelled float32 (its BF16 legalization
+rewrites the typed zero that carries the buffer's dtype): Relay therefore hands bfloat16 over as
+uint16 words (see ``collectives/relay/ops.py``), which :func:`bfloat16_words` reads back.
 """
 
 from __future__ import annotations
@@ -14,12 +21,14 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from .comm import mpi
 from .rank_main import LOST_ERROR_PREFIX
 
 CPU, CUDA, CUDA_HOST = 1, 2, 3
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
 try:
     import tvm_ffi
@@ -91,9 +100,8 @@ def _dlpack_view(t: Any) -> np.ndarray:
 def _address_view(t: Any) -> np.ndarray:
     """A view built from the tensor's address, in ml_dtypes' numpy dtype of the same name."""
     try:
-        import ml_dtypes  # noqa: F401 - registers bfloat16, float8_* with numpy
         dtype = np.dtype(str(t.dtype))
-    except (ImportError, TypeError) as err:
+    except TypeError as err:
         raise TypeError(f"tvm_combiners: a {t.dtype} tensor has no numpy view here ({err})") from None
     return _view_at(data_ptr(t), tuple(int(d) for d in t.shape), dtype)
 
@@ -132,8 +140,18 @@ def current_stream(t: Any) -> int:
 
 def host_copy(t: Any) -> np.ndarray:
     """A device tensor on the host, after the kernels on TVM's current stream that produce it: the
-    copy runs on the legacy default stream, which does not wait for a non-blocking stream (torch's)."""
+    copy runs on the legacy default stream, which does not wait for a non-blocking stream (torch's).
+    In the tensor's own dtype: TVM 0.16's ``numpy()`` gives bfloat16 as uint16 words."""
     stream = current_stream(t)
     if stream:
         t.device.sync(stream)
-    return t.numpy()
+    copy = t.numpy()
+    want = np_dtype(t)
+    return copy if copy.dtype == want else copy.view(want)
+
+
+def bfloat16_words(words: np.ndarray) -> np.ndarray:
+    """uint16 words that hold bfloat16 values, read as bfloat16 (a view, no copy)."""
+    if words.dtype != np.uint16:
+        raise TypeError(f"tvm_combiners: bfloat16 words must be a uint16 tensor, got {words.dtype}")
+    return words.view(BFLOAT16)
