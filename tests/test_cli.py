@@ -114,7 +114,7 @@ def test_launch_example_names_are_checked(capsys):
         main(["launch", "-n", "2", "--example", "nope"])
     assert exc.value.code == 2
     err = capsys.readouterr().err  # argparse quotes the choices in some Python versions, not in others
-    assert re.search(r"argument --example: invalid choice: 'nope' \(choose from '?dp-train'?, '?pipeline-bert'?\)", err), err
+    assert re.search(r"argument --example: invalid choice: 'nope' \(choose from '?dp-train'?, '?pipeline-bert'?, '?tp-bert'?\)", err), err
 
 
 def test_example_command_runs_the_module_with_its_options():
@@ -122,5 +122,5 @@ def test_example_command_runs_the_module_with_its_options():
 
     assert example_command("pipeline-bert", ["--seq", "8"], "/tmp/r.json") == [
         "python", "-m", "tvm_combiners.app.examples.pipeline_bert", "--seq", "8", "--json-out", "/tmp/r.json"]
-    with pytest.raises(ValueError, match="unknown example 'x': choose from dp-train, pipeline-bert"):
+    with pytest.raises(ValueError, match="unknown example 'x': choose from dp-train, pipeline-bert, tp-bert"):
         example_command("x", [])

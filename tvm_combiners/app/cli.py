@@ -8,7 +8,7 @@ block. With ``--json`` (before any ``--``) stdout holds exactly one JSON documen
 ``{"ok": false, "error": {...}}``; progress lines always go to stderr.
 
 A subcommand's module is imported only when that subcommand runs (``run`` never imports MPI).
-``launch --example dp-train|pipeline-bert`` runs a packaged example (:mod:`tvm_combiners.app.examples`)
+``launch --example NAME`` runs a packaged example (:mod:`tvm_combiners.app.examples`)
 on the ranks. Its options are checked here before any rank starts (a bad one is one line, not a
 traceback per rank); with ``--json`` rank 0 writes its report to a file the CLI then prints, and
 whatever mpiexec or the ranks print goes to stderr, so stdout holds one document for the whole
@@ -231,7 +231,7 @@ def _stdout_to_stderr() -> Iterator[None]:
 COMMANDS: dict[str, Command] = {
     "run": Command("import an ONNX model, combine parallel ops, compile, run and report",
                    lambda: (_add_run_arguments, _run)),
-    "launch": Command("run a command (or --example dp-train|pipeline-bert) on N MPI ranks with a timeout "
+    "launch": Command("run a command (or --example dp-train|pipeline-bert|tp-bert) on N MPI ranks with a timeout "
                       "(python programs under mpi4py)", _load_launch),
 }
 

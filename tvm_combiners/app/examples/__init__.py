@@ -4,7 +4,10 @@
   one allreduce per gradient, bucketed by ``AllReduceCombiner``), checked against one process
   stepping on the full batch;
 - ``pipeline-bert`` (:mod:`.pipeline_bert`): MiniLM-L3 cut into pipeline stages joined by
-  send/recv (merged by ``SendRecvCombiner``), checked against onnxruntime.
+  send/recv (merged by ``SendRecvCombiner``), checked against onnxruntime;
+- ``tp-bert`` (:mod:`.tp_bert`): MiniLM-L3 tensor-parallel through TVM's ``relax.distributed``
+  annotations (Q/K/V merged by ``CombineParallelOps``), each rank holding only its shards, ``--tp``
+  below the ranks adding data parallelism; checked against onnxruntime on every rank.
 
 Each is also a program of its own: ``tvm-combiners launch -n 4 -- python -m
 tvm_combiners.app.examples.dp_train --help``. Importing this package imports neither TVM nor MPI, nor
@@ -23,6 +26,7 @@ from ..usage import UsageError
 EXAMPLES: dict[str, str] = {
     "dp-train": "tvm_combiners.app.examples.dp_train",
     "pipeline-bert": "tvm_combiners.app.examples.pipeline_bert",
+    "tp-bert": "tvm_combiners.app.examples.tp_bert",
 }
 
 

@@ -326,6 +326,50 @@ def LocalShards(names: Iterable[str] | None = None) -> tvm.transform.Pass:  # no
     return tvm.transform.module_pass(transform, opt_level=0, name="tvm_combiners.LocalShards")
 
 
+_IN_GROUP = {"relax.ccl.allreduce": lambda x, a: relax.op.ccl.allreduce(x, str(a.op_type), True),
+             "relax.ccl.allgather": lambda x, a: relax.op.ccl.allgather(x, int(a.num_workers), True)}
+# TVM legalizes these across every worker whatever the attribute (broadcast and scatter have none);
+# replicated-to-sharded redistribution slices by the global worker id
+_NOT_IN_GROUP = (_BROADCAST, _SCATTER, "relax.dist.redistribute_replica_to_shard")
+
+
+@relax.expr_functor.mutator
+class _InGroup(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, func_name: str) -> None:
+        super().__init__(mod)
+        self.func_name = func_name
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        name = call.op.name if isinstance(call.op, tvm.ir.Op) else ""
+        if name in _NOT_IN_GROUP:
+            raise ShardingError(f"tvm_combiners.InGroup: {_op_text(call.op)} of {_name(call.args[0])} in function "
+                                f"'{self.func_name}' would run across every rank, not within its disco group "
+                                "(TVM's lowering cannot group it): pass that tensor as a local shard (local_shards=True)")
+        return _IN_GROUP[name](call.args[0], call.attrs) if name in _IN_GROUP else call
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvm_combiners.InGroup")
+class InGroup:
+    """Every allreduce and allgather of a lowered module runs within the rank's disco group (``launch
+    --disco-groups``: tensor parallel x data parallel), where LowerDistIR makes them span every worker.
+    A transfer from worker 0 or a replicated-to-sharded redistribution left is refused (ShardingError)."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        updates = {}
+        for gv, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                new = _InGroup(mod, gv.name_hint).visit_expr(func)
+                if not new.same_as(func):
+                    updates[gv] = new
+        if not updates:
+            return mod
+        mod = mod.clone()
+        for gv, func in updates.items():
+            mod.update_func(gv, func)
+        return mod
+
+
 def distributed_passes(target: Any) -> list[tvm.transform.Pass]:
     """LegalizeOps, then TVM's distributed passes, checked: what :func:`distributed_pipeline` runs first."""
     target = Target(target) if isinstance(target, (str, dict)) else target
@@ -335,7 +379,8 @@ def distributed_passes(target: Any) -> list[tvm.transform.Pass]:
 
 
 def distributed_pipeline(target: Any, before: Sequence[tvm.transform.Pass] = (), *, combine: bool = True,
-                         local_shards: bool | Iterable[str] = False, **combine_options: Any) -> tvm.transform.Pass:
+                         local_shards: bool | Iterable[str] = False, in_group: bool = False,
+                         **combine_options: Any) -> tvm.transform.Pass:
     """``before``, :func:`distributed_passes`, then the package's default pipeline for ``target``.
 
     ``tvm.compile(mod, target, relax_pipeline=distributed_pipeline(target))`` compiles a module
@@ -345,6 +390,7 @@ def distributed_pipeline(target: Any, before: Sequence[tvm.transform.Pass] = (),
     passed by each rank as its local shard (:class:`LocalShards`). ``combine``: the remaining
     broadcasts and scatters from worker 0 travel as one per kind and dtype (bitwise the same results);
     ``combine_options`` go to ``BroadcastScatterCombiner`` (``threshold_bytes``, ``max_op_bytes``, ...).
+    ``in_group``: the collectives run within each disco group (:class:`InGroup`; the mesh is one group).
     """
 
     target = Target(target) if isinstance(target, (str, dict)) else target
@@ -357,4 +403,6 @@ def distributed_pipeline(target: Any, before: Sequence[tvm.transform.Pass] = (),
     elif combine_options:
         raise TypeError(f"distributed_pipeline: {sorted(combine_options)[0]} is an option of the combiner, "
                         "but combine=False")
+    if in_group:
+        passes.append(InGroup())
     return tvm.transform.Sequential([*passes, default_pipeline(target)], name="tvm_combiners.distributed_pipeline")
