@@ -1,10 +1,11 @@
 """TVM's ``runtime.disco.*`` built-ins and ``relax.distributed`` modules on the collectives runtime.
 
 Two launches (CI has 2 cores and MPICH busy-polls): ``progs/disco_prog.py runtime`` calls every disco
-function on 4 ranks in 2 disco groups, ``distributed`` runs modules lowered by TVM's distributed passes
-on 2 ranks; each rank saves what it got and the expected values are recomputed here with numpy.  Every
-launch has its own timeout.  What needs no ranks (the pass that refuses a dropped allreduce, launch's
-option) runs in this process.
+function on 4 ranks in 2 disco groups, ``distributed`` runs every kind of module TVM's relax.distributed
+tests use, lowered by ``distributed_pipeline``, on 2 ranks; each rank saves what it got and the expected
+values are recomputed here with numpy (and the unsharded modules, compiled here while the ranks run).
+Every launch has its own timeout.  What needs no ranks (what each rank computes, what TVM's passes cannot
+lower, the pass that refuses a dropped allreduce, launch's option) runs in this process.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import math
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -26,18 +28,24 @@ pytest.importorskip("mpi4py")
 from tvm import relax  # noqa: E402
 from tvm.relax.distributed import DeviceMesh, Placement  # noqa: E402
 from tvm.relax.distributed import transform as dist  # noqa: E402
+from tvm.script.parser import ir as I  # noqa: E402, N812 - TVMScript's names
+from tvm.script.parser import relax as R  # noqa: E402, N812
+from tvm.target import Target  # noqa: E402
 
 from tvm_combiners.collectives.relax.distributed import (  # noqa: E402
     CheckShardedOps,
     ShardingError,
     check_sharded_ops,
+    distributed_passes,
     distributed_pipeline,
 )
 from tvm_combiners.collectives.runtime import comm  # noqa: E402
+from tvm_combiners.compile.pipelines import default_pipeline  # noqa: E402
 
 PROG = Path(__file__).parent / "progs" / "disco_prog.py"
 _spec = importlib.util.spec_from_file_location("disco_prog", PROG)
 prog = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = prog  # TVMScript reads its modules' source through sys.modules
 _spec.loader.exec_module(prog)
 data = prog.data
 
@@ -125,24 +133,65 @@ def _gelu(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1 + erf(x / math.sqrt(2)))
 
 
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _layer_norm(x: np.ndarray, g: np.ndarray, b: np.ndarray) -> np.ndarray:
+    mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + 1e-5) * g + b
+
+
+def _attention(x: np.ndarray, wq: np.ndarray, wk: np.ndarray, wv: np.ndarray, wo: np.ndarray) -> np.ndarray:
+    b, s, h, heads = prog.B, prog.S, prog.H, prog.NH
+    q, k, v = ((x @ w).reshape(b, s, heads, h // heads).transpose(0, 2, 1, 3) for w in (wq, wk, wv))
+    probs = _softmax(q @ k.transpose(0, 1, 3, 2) / math.sqrt(h // heads))
+    return (probs @ v).transpose(0, 2, 1, 3).reshape(b, s, h) @ wo
+
+
+def expected_distributed() -> dict[str, np.ndarray]:
+    """What every kind of ``distributed`` computes, in float64 numpy (``to_shard``: the whole tensor)."""
+    cases = {k: [[a.astype(np.float64) for a in v] if isinstance(v, list) else v.astype(np.float64) for v in vs]
+             for k, vs in prog.case_inputs().items()}
+    x, w1, w2 = cases["mlp"]
+    x_, wq, wk, wv, wo, g1, b1, f1, fb1, f2, fb2, g2, b2 = cases["decoder"]
+    h = _layer_norm(_attention(x_, wq, wk, wv, wo) + x_, g1, b1)
+    return {"mlp": _gelu(x @ w1) @ w2, "mlp_tuple": _gelu(x @ w1)[:4] @ w2,
+            "const": (_gelu(x @ prog.const_weight().astype(np.float64) @ w1) + 2) @ w2,
+            "attention": _attention(*cases["attention"]),
+            "decoder": _layer_norm(_gelu(h @ f1 + fb1) @ f2 + fb2 + h, g2, b2),
+            "to_shard": sum(cases["to_shard"])}
+
+
 def test_relax_distributed_modules_on_2_ranks(tmp_path: Path) -> None:
-    """A tensor-parallel MLP through ``distributed_pipeline`` equals the unsharded MLP on every rank;
-    TVM's own order (PropagateSharding on high-level ops) compiles and runs, and is wrong; a
-    replicated-to-sharded redistribution slices at ``runtime.disco.worker_id``."""
-    proc = _launch(2, "distributed", tmp_path, 240)
+    """The kinds of module TVM's relax.distributed tests use (an MLP, an MLP with a tuple parameter, one
+    with constants, attention with its heads split, a decoder layer, a replicated-to-sharded
+    redistribution), each through ``distributed_pipeline`` on 2 ranks (one launch for all), equal the
+    unsharded module (the package's default pipeline, compiled here) and numpy on every rank. TVM's own
+    order (PropagateSharding on high-level ops) compiles and runs the MLP, and is wrong."""
+    with ThreadPoolExecutor(1) as pool:  # the ranks run while this process compiles the unsharded modules
+        job = pool.submit(_launch, 2, "distributed", tmp_path, 240)
+        pipeline, inputs = default_pipeline(Target("llvm")), prog.case_inputs()
+        single = {kind: prog.run(tvm.compile(prog.unsharded(mod), "llvm", relax_pipeline=pipeline), inputs[kind])
+                  for kind, mod in prog.modules().items() if kind != "to_shard"}  # typed with DTensors: no such form
+        proc = job.result()
     assert proc.returncode == 0, proc.stderr[-4000:]
-    x, w1, w2 = (a.astype(np.float64) for a in prog.mlp_inputs())
-    reference = _gelu(x @ w1) @ w2
+    want = expected_distributed()
     got = [np.load(tmp_path / f"rank{r}.npz") for r in range(2)]
     for rank, g in enumerate(got):
-        np.testing.assert_allclose(g["unsharded"], reference, atol=1e-4, rtol=1e-5)
-        error = np.abs(g["pipeline"] - g["unsharded"]).max()
-        assert error < 1e-4, f"rank {rank}: the pipeline's result is {error} off"
+        assert set(g.files) == {*want, "trap"}, rank
+        np.testing.assert_array_equal(g["to_shard"], want["to_shard"][:, rank * 8:(rank + 1) * 8])  # its half
+        for kind, value in single.items():
+            assert g[kind].shape == value.shape, (kind, rank)
+            error = np.abs(g[kind] - value).max()
+            assert error < 1e-4, f"{kind} on rank {rank}: the sharded module's result is {error} off the unsharded"
+            np.testing.assert_allclose(g[kind], want[kind], atol=1e-4, rtol=1e-4, err_msg=f"{kind} on rank {rank}")
         # the trap: each rank returns its partial product (measured: errors of 30-37 here)
-        assert np.abs(g["trap"] - g["unsharded"]).max() > 1, f"rank {rank}: the allreduce was not dropped"
-        a, b = data(0, (8, 16), 11), data(0, (8, 16), 12)
-        np.testing.assert_array_equal(g["redistribute"], (a + b)[:, rank * 8:(rank + 1) * 8])
-    np.testing.assert_array_equal(got[0]["pipeline"], got[1]["pipeline"])  # replicated: one result
+        assert np.abs(g["trap"] - single["mlp"]).max() > 1, f"rank {rank}: the allreduce was not dropped"
+    for kind, value in single.items():
+        np.testing.assert_allclose(value, want[kind], atol=1e-4, rtol=1e-4, err_msg=f"{kind} unsharded")
+        np.testing.assert_array_equal(got[0][kind], got[1][kind], err_msg=kind)  # replicated: one result
     assert not np.array_equal(got[0]["trap"], got[1]["trap"])  # each rank's own partial sum
 
 
@@ -185,6 +234,84 @@ def test_the_dropped_allreduce_is_refused() -> None:
     relax.analysis.post_order_visit(legalized["main"], lambda e: ops.append(e.op.name) if isinstance(e, relax.Call)
                                     and isinstance(e.op, tvm.ir.Op) else None)
     assert ops.count("relax.ccl.allreduce") == 1
+
+
+def _lowered_ops(mod: tvm.IRModule) -> tuple[list[str], list[tuple[int, ...]]]:
+    """The ops ``main`` calls after ``distributed_passes``, and the shapes of its call_tir results."""
+    lowered = tvm.transform.Sequential(distributed_passes("llvm"))(mod)
+    ops: list[str] = []
+    shapes: list[tuple[int, ...]] = []
+
+    def visit(e: relax.Expr) -> None:
+        if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op):
+            ops.append(e.op.name.removeprefix("relax."))
+            if e.op.name == "relax.call_tir" and isinstance(e.ty, relax.TensorType):
+                shapes.append(tuple(int(d) for d in e.ty.shape.values))
+
+    relax.analysis.post_order_visit(lowered["main"], visit)
+    return ops, shapes
+
+
+def test_what_each_rank_computes_of_the_distributed_modules() -> None:
+    """Lowered for 2 ranks: the attention computes 2 of its 4 heads per rank and ends in one allreduce, the
+    decoder layer in two (attention, FFN); the constant MLP keeps its replicated constant, a plain tensor."""
+    mods = prog.modules()
+    ops, shapes = _lowered_ops(mods["attention"])
+    heads = (prog.B, prog.NH // 2, prog.S, prog.S)  # the scores: this rank's heads
+    assert ops.count("ccl.allreduce") == 1 and ops.count("ccl.scatter_from_worker0") == 4
+    assert heads in shapes and (prog.B, prog.NH, prog.S, prog.S) not in shapes
+    ops, shapes = _lowered_ops(mods["decoder"])
+    assert ops.count("ccl.allreduce") == 2 and heads in shapes and (prog.B * prog.S, prog.FFN) not in shapes
+    assert (prog.B, prog.S, prog.FFN // 2) in shapes  # the FFN's hidden layer: this rank's half
+    lowered = tvm.transform.Sequential(distributed_passes("llvm"))(mods["const"])
+    consts: list[relax.Expr] = []
+    relax.analysis.post_order_visit(lowered["main"], lambda e: consts.append(e) if isinstance(
+        e, tvm.ir.expr.GenericConst) else None)
+    assert [tuple(int(d) for d in c.ty.shape.values) for c in consts] == [(16, 16)]
+    assert isinstance(consts[0].ty, relax.TensorType)  # LowerDistIR leaves it a DTensor: LocalConstants
+
+
+@I.ir_module
+class _ShardedToReplicated:
+    I.module_attrs({"device_num": 2})
+    I.module_global_infos({"mesh": [R.device_mesh((2,), I.Range(0, 2))]})
+
+    @R.function
+    def main(x: R.DTensor((8, 16), "float32", "mesh[0]", "S[1]")) -> R.DTensor((8, 16), "float32", "mesh[0]", "R"):
+        y = R.dist.redistribute(x, "mesh[0]", "R")
+        return y
+
+
+def _sharded_constant(annotated: bool) -> tvm.IRModule:
+    """The MLP with its second weight a constant, sharded ``S[0]`` by its annotation or by propagation."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((8, 16), "float32"))
+    w1 = relax.Var("w1", relax.TensorType((16, 32), "float32"))
+    with bb.function("main", [x, w1]):
+        with bb.dataflow():
+            h = bb.emit(_shard(bb.emit(relax.op.matmul(x, w1)), "S[1]"))
+            w2 = bb.emit(relax.const(np.ones((32, 16), "float32")))  # bound to a var, as the BlockBuilder does
+            out = bb.emit_output(bb.emit(relax.op.matmul(h, bb.emit(_shard(w2, "S[0]")) if annotated else w2)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_what_tvm_cannot_lower_is_refused_at_compile_time() -> None:
+    """What TVM's passes do not lower is refused at compile time, not run wrong: a sharded-to-replicated
+    redistribution (LegalizeRedistribute has no allgather) and a sharded constant (PropagateSharding's own
+    line where propagation shards it; ours where an annotation does, on which TVM fails an internal check)."""
+    with pytest.raises(tvm.error.InternalError) as err:
+        tvm.compile(_ShardedToReplicated, "llvm", relax_pipeline=distributed_pipeline("llvm"))
+    assert str(err.value).strip().splitlines()[-1] == "Allgather not implemented yet"
+    with pytest.raises(tvm.error.InternalError) as err:
+        tvm.compile(_sharded_constant(False), "llvm", relax_pipeline=distributed_pipeline("llvm"))
+    assert str(err.value).strip().splitlines()[-1].endswith(
+        "GenericConst is not allowed to be sharded. Please convert it into an input param.")
+    with pytest.raises(ShardingError) as err:
+        tvm.compile(_sharded_constant(True), "llvm", relax_pipeline=distributed_pipeline("llvm"))
+    assert str(err.value) == (
+        "tvm_combiners.ConstantOperands: R.dist.annotate_sharding in function 'main' shards a constant of "
+        "shape (32, 16) (S[0]): TVM's PropagateSharding cannot shard a constant; pass it as a parameter")
 
 
 def test_the_pipeline_refuses_a_module_it_cannot_legalize() -> None:

@@ -3,15 +3,17 @@
 Each rank saves what it got to ``<out>/rank<R>.npz`` and its error messages to ``<out>/rank<R>.json``;
 the test recomputes every expected value with numpy from ``data()``.
 Usage: ``prog.py OUT_DIR runtime`` (every function, called as TVM calls it, on 4 ranks in 2 disco groups:
-a tensor-parallel pair per group, data-parallel across them), ``distributed`` (modules lowered by
-``relax.distributed`` on 2 ranks: a tensor-parallel MLP through ``distributed_pipeline``, the same MLP
-through TVM's passes in the order that drops its allreduce, and a replicated-to-sharded redistribution).
+a tensor-parallel pair per group, data-parallel across them), ``distributed`` (the kinds of module TVM's
+relax.distributed tests use, ``modules()``, through ``distributed_pipeline`` on 2 ranks: an MLP, an MLP
+with a tuple parameter, one with constants, attention, a decoder layer, a replicated-to-sharded
+redistribution; and the MLP through TVM's passes in the order that drops its allreduce).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,30 @@ def mlp_inputs() -> list[np.ndarray]:
     """x, w1, w2 of the MLP (the same on every rank: only worker 0's are used)."""
     rng = np.random.default_rng(41)
     return [rng.standard_normal(s).astype("float32") for s in [(8, 16), (16, 32), (32, 16)]]
+
+
+# the attention and decoder layer: batch, sequence, hidden, heads, FFN width (TVM's tests, in small)
+B, S, H, NH, FFN = 1, 8, 32, 4, 64
+
+
+def case_inputs() -> dict[str, list[Any]]:
+    """Per module kind of ``distributed``, its inputs (a tuple parameter as a list)."""
+    rng = np.random.default_rng(42)
+
+    def normal(*shape: int, scale: float = 1.0) -> np.ndarray:
+        return (scale * rng.standard_normal(shape)).astype("float32")
+
+    x, w1, w2 = mlp_inputs()
+    attn = [normal(B, S, H), *(normal(H, H, scale=H ** -0.5) for _ in range(4))]
+    decoder = [*attn, normal(H, scale=0.1) + 1, normal(H, scale=0.1), normal(H, FFN, scale=H ** -0.5), normal(FFN),
+               normal(FFN, H, scale=FFN ** -0.5), normal(H), normal(H, scale=0.1) + 1, normal(H, scale=0.1)]
+    return {"mlp": [x, w1, w2], "mlp_tuple": [x, [w1, w2]], "const": [x, w1, w2], "attention": attn,
+            "decoder": decoder, "to_shard": [data(0, (8, 16), 11), data(0, (8, 16), 12)]}
+
+
+def const_weight() -> np.ndarray:
+    """The constant weight of the ``const`` MLP, annotated replicated: (16, 16)."""
+    return (np.random.default_rng(43).standard_normal((16, 16)) / 4).astype("float32")
 
 
 def _error(call: Any) -> str:
@@ -141,14 +167,37 @@ def runtime(out_dir: Path) -> None:
     (out_dir / f"rank{me}.json").write_text(json.dumps(errors))
 
 
-def distributed(out_dir: Path) -> None:
+def _shard(expr: Any, placement: str) -> Any:
+    """``R.dist.annotate_sharding`` on a mesh of 2 workers."""
     from tvm import relax
-    from tvm.relax.distributed import transform as dist
+    from tvm.relax.distributed import DeviceMesh, Placement
 
-    from tvm_combiners.collectives.relax.distributed import distributed_pipeline
-    from tvm_combiners.collectives.runtime import rank
+    return relax.op.distributed.annotate_sharding(expr, DeviceMesh((2,), tvm.ir.Range(0, 2)),
+                                                  Placement.from_text(placement))
 
-    me = rank()
+
+def attention_block(bb: Any, x: Any, wq: Any, wk: Any, wv: Any, wo: Any) -> Any:
+    """Multi-head self-attention, Megatron style: Q, K and V column-parallel (``S[1]``: each rank its heads),
+    the output projection row-parallel (``S[0]``, one allreduce), as TVM's disco attention test."""
+    from tvm import relax
+    from tvm.relax import op
+
+    heads = []
+    for w in (wq, wk, wv):
+        t = bb.emit(op.matmul(x, bb.emit(_shard(w, "S[1]"))))
+        heads.append(bb.emit(op.permute_dims(op.reshape(t, (B, S, NH, H // NH)), [0, 2, 1, 3])))
+    q, k, v = heads
+    scores = op.multiply(op.matmul(q, op.permute_dims(k, [0, 1, 3, 2])), relax.const((H // NH) ** -0.5, "float32"))
+    probs = bb.emit(op.nn.softmax(scores, axis=-1))
+    context = bb.emit(op.reshape(op.permute_dims(bb.emit(op.matmul(probs, v)), [0, 2, 1, 3]), (B, S, H)))
+    return bb.emit(op.matmul(context, bb.emit(_shard(wo, "S[0]"))))
+
+
+def modules() -> dict[str, Any]:
+    """Per kind, the module of ``distributed`` annotated for a mesh of 2 workers (``mlp``, ``mlp_tuple`` and
+    ``to_shard`` in TVMScript, as TVM's tests write them; the others with the BlockBuilder)."""
+    from tvm import relax
+    from tvm.relax import op
 
     @I.ir_module
     class MLP:  # tensor parallel: w1 by columns, w2 by rows; TVM's propagate-sharding test, in small
@@ -165,17 +214,26 @@ def distributed(out_dir: Path) -> None:
             return lv3
 
     @I.ir_module
-    class Plain:  # the same MLP, unsharded
+    class MLPWithTuple:  # the weights in one tuple parameter, and the hidden rows split in two (TVM's test)
+        I.module_attrs({"device_num": 2})
+        I.module_global_infos({"mesh": [R.device_mesh((2,), I.Range(0, 2))]})
+
         @R.function
-        def main(x: R.Tensor((8, 16), "float32"), w1: R.Tensor((16, 32), "float32"),
-                 w2: R.Tensor((32, 16), "float32")) -> R.Tensor((8, 16), "float32"):
+        def main(x: R.Tensor((8, 16), "float32"),
+                 packed: R.Tuple(R.Tensor((16, 32), "float32"), R.Tensor((32, 16), "float32"))
+                 ) -> R.Tensor((4, 16), "float32"):
+            w1 = packed[0]
             lv0 = R.matmul(x, w1)
             lv1 = R.nn.gelu(lv0)
-            lv3 = R.matmul(lv1, w2)
-            return lv3
+            halves = R.split(lv1, 2, axis=0)
+            lv2 = halves[0]
+            lv3 = R.dist.annotate_sharding(lv2, device_mesh="mesh[0]", placement="S[1]")
+            w2 = packed[1]
+            lv4 = R.matmul(lv3, w2)
+            return lv4
 
     @I.ir_module
-    class Redistribute:  # replicated to sharded: TVM legalizes it to a slice at runtime.disco.worker_id
+    class ToShard:  # replicated to sharded: TVM legalizes it to a slice at runtime.disco.worker_id
         I.module_attrs({"device_num": 2})
         I.module_global_infos({"mesh": [R.device_mesh((2,), I.Range(0, 2))]})
 
@@ -186,21 +244,97 @@ def distributed(out_dir: Path) -> None:
             y = R.add(lv, w)
             return y
 
-    def run(mod: tvm.IRModule, inputs: list[np.ndarray], pipeline: Any = None) -> np.ndarray:
-        ex = tvm.compile(mod, "llvm", relax_pipeline=pipeline) if pipeline is not None else tvm.compile(mod, "llvm")
-        return relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in inputs]).numpy()
+    def function(params: list[Any], body: Any) -> Any:
+        bb = relax.BlockBuilder()
+        with bb.function("main", params):
+            with bb.dataflow():
+                out = bb.emit_output(body(bb, *params))
+            bb.emit_func_output(out)
+        return bb.get()
 
-    inputs = mlp_inputs()
-    mine = inputs if me == 0 else [np.zeros_like(a) for a in inputs]  # only worker 0's are read
-    got = {"unsharded": run(Plain, inputs), "pipeline": run(MLP, mine, distributed_pipeline("llvm"))}
-    trap = MLP  # TVM's tests' order: PropagateSharding on high-level ops, no LegalizeOps first
+    def tensor(name: str, *shape: int) -> Any:
+        return relax.Var(name, relax.TensorType(shape, "float32"))
+
+    c = const_weight()
+
+    def const(bb: Any, x: Any, w1: Any, w2: Any) -> Any:  # TVM's MLP with a constant, and a constant weight
+        h = bb.emit(op.matmul(bb.emit(op.matmul(x, bb.emit(_shard(relax.const(c), "R")))), w1))
+        h = bb.emit(op.add(op.nn.gelu(h), relax.const(2.0, "float32")))  # TVM's test: a scalar constant
+        h = bb.emit(_shard(h, "S[1]"))
+        return bb.emit(op.matmul(h, w2))
+
+    def decoder(bb: Any, x: Any, wq: Any, wk: Any, wv: Any, wo: Any, g1: Any, b1: Any, f1: Any, fb1: Any, f2: Any,
+                fb2: Any, g2: Any, b2: Any) -> Any:  # post-norm: attention, LayerNorm, FFN, LayerNorm
+        h = bb.emit(op.nn.layer_norm(op.add(attention_block(bb, x, wq, wk, wv, wo), x), g1, b1, axes=[-1]))
+        up = bb.emit(op.nn.gelu(op.add(bb.emit(op.matmul(h, bb.emit(_shard(f1, "S[1]")))), fb1)))
+        down = bb.emit(op.add(bb.emit(op.matmul(up, bb.emit(_shard(f2, "S[0]")))), fb2))
+        return bb.emit(op.nn.layer_norm(op.add(down, h), g2, b2, axes=[-1]))
+
+    weights = [tensor(n, H, H) for n in ("wq", "wk", "wv", "wo")]
+    return {
+        "mlp": MLP, "mlp_tuple": MLPWithTuple, "to_shard": ToShard,
+        "const": function([tensor("x", 8, 16), tensor("w1", 16, 32), tensor("w2", 32, 16)], const),
+        "attention": function([tensor("x", B, S, H), *weights], attention_block),
+        "decoder": function([tensor("x", B, S, H), *weights, tensor("ln1_g", H), tensor("ln1_b", H),
+                             tensor("ffn1", H, FFN), tensor("ffn1_b", FFN), tensor("ffn2", FFN, H),
+                             tensor("ffn2_b", H), tensor("ln2_g", H), tensor("ln2_b", H)], decoder),
+    }
+
+
+def tensors(arrays: list[Any]) -> list[Any]:
+    """numpy arrays as TVM tensors, a list (a tuple parameter) as a list."""
+    return [tensors(a) if isinstance(a, list) else tvm.runtime.tensor(a) for a in arrays]
+
+
+def zeros(arrays: list[Any]) -> list[Any]:
+    return [zeros(a) if isinstance(a, list) else np.zeros_like(a) for a in arrays]
+
+
+def run(ex: Any, inputs: list[Any]) -> np.ndarray:
+    """``main`` of the compiled ``ex`` on ``inputs``, on the CPU."""
+    from tvm import relax
+
+    return relax.VirtualMachine(ex, tvm.cpu())["main"](*tensors(inputs)).numpy()
+
+
+def unsharded(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with its ``R.dist.annotate_sharding`` calls removed: the module a single device runs."""
+    from tvm import relax
+
+    @relax.expr_functor.mutator
+    class Strip(relax.PyExprMutator):
+        def visit_call_(self, call: Any) -> Any:
+            call = super().visit_call_(call)
+            return call.args[0] if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.dist.annotate_sharding" \
+                else call
+
+    return tvm.IRModule({gv: Strip().visit_expr(f) for gv, f in mod.functions_items()})
+
+
+def distributed(out_dir: Path) -> None:
+    """Every kind of ``modules()`` through ``distributed_pipeline``, and the MLP through TVM's passes in the
+    order that drops its allreduce. Worker 0's inputs are the only ones read: the other ranks pass zeros.
+    The test compiles and runs the unsharded modules itself."""
+    from tvm.relax.distributed import transform as dist
+
+    from tvm_combiners.collectives.relax.distributed import distributed_pipeline
+    from tvm_combiners.collectives.runtime import rank
+    from tvm_combiners.collectives.runtime.comm import mpi
+
+    me = rank()
+    mods, inputs = modules(), case_inputs()
+    built = {kind: tvm.compile(mod, "llvm", relax_pipeline=distributed_pipeline("llvm")) for kind, mod in mods.items()}
+    trap = mods["mlp"]  # TVM's tests' order: PropagateSharding on high-level ops, no LegalizeOps first
     for p in (dist.PropagateSharding(), dist.LowerGlobalViewToLocalView(), dist.LegalizeRedistribute(),
               dist.LowerDistIR()):
         trap = p(trap)
-    got["trap"] = run(trap, mine)
-    x, w = data(0, (8, 16), 11), data(0, (8, 16), 12)
-    got["redistribute"] = run(Redistribute, [x, w] if me == 0 else [np.zeros_like(x), np.zeros_like(w)],
-                              distributed_pipeline("llvm"))
+    built["trap"], inputs["trap"] = tvm.compile(trap, "llvm"), inputs["mlp"]
+    # everything compiled first, then one barrier that sleeps: a rank waiting in a collective for a slower
+    # one busy-polls a core, the core the other may need (2 cores, and the test compiles beside them)
+    done = mpi().COMM_WORLD.Ibarrier()
+    while not done.Test():
+        time.sleep(0.005)
+    got = {kind: run(ex, inputs[kind] if me == 0 else zeros(inputs[kind])) for kind, ex in built.items()}
     np.savez(out_dir / f"rank{me}.npz", **got)
 
 

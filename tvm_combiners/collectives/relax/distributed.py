@@ -132,6 +132,119 @@ class UniqueGlobalSymbols:
         return mod
 
 
+def _mutate_functions(mod: tvm.IRModule, mutator: Any) -> tvm.IRModule:
+    """Each Relax function of ``mod`` through ``mutator(name)`` (one with a ``changed`` flag); ``mod`` itself
+    where none changed."""
+    updates = {}
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            m = mutator(gv.name_hint)
+            new = m.visit_expr(func)
+            if m.changed:
+                updates[gv] = new
+    if not updates:
+        return mod
+    mod = mod.clone()  # a pass must not change the module it is given
+    for gv, func in updates.items():
+        mod.update_func(gv, func)
+    return mod
+
+
+def _placement_text(specs: list[tuple[int, int]]) -> str:
+    return ", ".join(f"S[{axis}]" if kind == _SHARDING else "R" for kind, axis in specs)
+
+
+@relax.expr_functor.mutator
+class _ConstantOperands(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, func_name: str) -> None:
+        super().__init__(mod)
+        self.func_name = func_name
+        self.bound: dict[Any, Any] = {}  # a var bound to a constant (or to its annotation) -> the constant
+        self.changed = False
+
+    def constant(self, expr: relax.Expr) -> Any:
+        """The constant ``expr`` is, stands for (a var bound to one) or annotates replicated; None if none."""
+        if isinstance(expr, tvm.ir.expr.GenericConst):
+            return expr
+        if isinstance(expr, relax.Var):
+            return self.bound.get(expr)
+        if not (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
+                and expr.op.name == "relax.dist.annotate_sharding"):
+            return None
+        const = self.constant(expr.args[0])
+        specs = [(int(s.kind), int(s.axis)) for s in expr.attrs.placement.dim_specs]
+        if const is not None and any(kind == _SHARDING for kind, _ in specs):
+            raise ShardingError(f"tvm_combiners.ConstantOperands: R.dist.annotate_sharding in function "
+                                f"'{self.func_name}' shards a constant of shape {_static_shape(const.ty)} "
+                                f"({_placement_text(specs)}): TVM's PropagateSharding cannot shard a constant; pass it as a "
+                                "parameter")
+        return const  # every rank holds the whole constant: replicated already
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        const = self.constant(binding.value)
+        if const is None:
+            super().visit_var_binding_(binding)
+        else:
+            self.bound[binding.var] = const  # the binding goes: its uses take the constant itself
+            self.changed = True
+
+    def visit_var_(self, var: relax.Var) -> relax.Expr:
+        const = self.bound.get(var)
+        return super().visit_var_(var) if const is None else const
+
+    def visit_dataflow_var_(self, var: relax.DataflowVar) -> relax.Expr:
+        const = self.bound.get(var)
+        return super().visit_dataflow_var_(var) if const is None else const
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        const = self.constant(call)
+        if const is None:
+            return call
+        self.changed = True
+        return const
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvm_combiners.ConstantOperands")
+class ConstantOperands:
+    """Every constant reaches its users as an operand, unannotated, as TVM's PropagateSharding needs: a var
+    bound to a constant stays a plain tensor there (LowerGlobalViewToLocalView then fails: "Expected buffer
+    parameter lv to receive a distributed tensor"), and an annotated constant fails its internal check
+    ("inferred_tuple_ty"). A replicated annotation of a constant goes (every rank holds it whole); one that
+    shards it is refused in one line. Runs first, on the annotated module."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        return _mutate_functions(mod, lambda name: _ConstantOperands(mod, name))
+
+
+@relax.expr_functor.mutator
+class _LocalConstants(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule) -> None:
+        super().__init__(mod)
+        self.changed = False
+
+    def visit_generic_const_(self, const: Any) -> relax.Expr:
+        ty = const.ty
+        if not isinstance(ty, DTensorType):
+            return const
+        self.changed = True
+        if any(kind == _SHARDING for kind, _ in _placements(ty)):  # PropagateSharding refuses these itself
+            raise ShardingError(f"tvm_combiners.LocalConstants: a constant of shape {_static_shape(ty.tensor_ty)} "
+                                f"is sharded ({_placement_text(_placements(ty))}): pass it as a parameter")
+        return tvm.ir.expr.GenericConst(const.value, ty.tensor_ty)
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvm_combiners.LocalConstants")
+class LocalConstants:
+    """Give each constant LowerDistIR leaves typed as a (replicated) DTensor its plain tensor type: TVM's
+    LowerDistIR lowers parameters but not constants (a replicated weight ``R.const`` then fails the build
+    with "Argument 1 type mismatch: expected R.Tensor(...), given R.DTensor(...)"). Every rank holds the
+    whole constant, which is what a replicated constant is."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        return _mutate_functions(mod, lambda _name: _LocalConstants(mod))
+
+
 _BROADCAST, _SCATTER = "relax.ccl.broadcast_from_worker0", "relax.ccl.scatter_from_worker0"
 
 
@@ -371,11 +484,12 @@ class InGroup:
 
 
 def distributed_passes(target: Any) -> list[tvm.transform.Pass]:
-    """LegalizeOps, then TVM's distributed passes, checked: what :func:`distributed_pipeline` runs first."""
+    """LegalizeOps, then TVM's distributed passes, checked (constants annotated or lowered as TVM's passes
+    cannot: :class:`ConstantOperands`, :class:`LocalConstants`): what :func:`distributed_pipeline` runs first."""
     target = Target(target) if isinstance(target, (str, dict)) else target
-    return [relax.transform.LegalizeOps(legalizations(target)), dist.PropagateSharding(),
+    return [ConstantOperands(), relax.transform.LegalizeOps(legalizations(target)), dist.PropagateSharding(),
             dist.LowerGlobalViewToLocalView(), CheckShardedOps(), UniqueGlobalSymbols(),
-            dist.LegalizeRedistribute(), dist.LowerDistIR()]
+            dist.LegalizeRedistribute(), dist.LowerDistIR(), LocalConstants()]
 
 
 def distributed_pipeline(target: Any, before: Sequence[tvm.transform.Pass] = (), *, combine: bool = True,
