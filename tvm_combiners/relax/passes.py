@@ -7,6 +7,7 @@ from tvm import relax
 
 from ..core.driver import CombineSettings, gc_paused, pass_factory
 from .graph_view import build_block_view
+from .module import rewrite_functions
 from .rewrite import rewrite_block
 
 
@@ -34,18 +35,7 @@ def _build(settings: CombineSettings) -> tvm.transform.Pass:
             return combine_module(mod)
 
     def combine_module(mod: tvm.IRModule) -> tvm.IRModule:
-        updates = {}
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                new = rewrite_function(func)
-                if not new.same_as(func):
-                    updates[gv] = new
-        if not updates:
-            return mod
-        mod = mod.clone()
-        for gv, func in updates.items():
-            mod[gv] = func
-        return mod
+        return rewrite_functions(mod, lambda _name, func: rewrite_function(func))
 
     return tvm.transform.module_pass(transform, opt_level=0, name=settings.pass_name)
 

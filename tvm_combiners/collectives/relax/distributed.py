@@ -33,6 +33,7 @@ from tvm.target import Target
 
 from ...compile.legalize import legalizations
 from ...compile.pipelines import default_pipeline
+from ...relax.module import rewrite_functions, with_functions
 from .dist_combiners import BroadcastScatterCombiner
 
 _SHARDING, _REPLICA = 0, 1  # PlacementSpec.kind
@@ -124,30 +125,19 @@ class UniqueGlobalSymbols:
         for symbol, gvs in symbols.items():
             keep = next((g for g in gvs if g.name_hint == symbol), gvs[0])
             updates.update({gv: mod[gv].with_attr("global_symbol", gv.name_hint) for gv in gvs if not gv.same_as(keep)})
-        if not updates:
-            return mod
-        mod = mod.clone()  # a pass must not change the module it is given
-        for gv, func in updates.items():
-            mod.update_func(gv, func)
-        return mod
+        return with_functions(mod, updates)
 
 
 def _mutate_functions(mod: tvm.IRModule, mutator: Any) -> tvm.IRModule:
     """Each Relax function of ``mod`` through ``mutator(name)`` (one with a ``changed`` flag); ``mod`` itself
     where none changed."""
-    updates = {}
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            m = mutator(gv.name_hint)
-            new = m.visit_expr(func)
-            if m.changed:
-                updates[gv] = new
-    if not updates:
-        return mod
-    mod = mod.clone()  # a pass must not change the module it is given
-    for gv, func in updates.items():
-        mod.update_func(gv, func)
-    return mod
+
+    def rewrite(name: str, func: relax.Function) -> relax.Function | None:
+        m = mutator(name)
+        new = m.visit_expr(func)
+        return new if m.changed else None
+
+    return rewrite_functions(mod, rewrite)
 
 
 def _placement_text(specs: list[tuple[int, int]]) -> str:
@@ -429,12 +419,7 @@ def LocalShards(names: Iterable[str] | None = None) -> tvm.transform.Pass:  # no
                 replace[b.var] = params[s.index]
             body = _DropTransfers(mod, replace).visit_expr(func.body)
             updates[gv] = relax.Function(params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
-        if not updates:
-            return mod
-        mod = mod.clone()
-        for gv, func in updates.items():
-            mod.update_func(gv, func)
-        return mod
+        return with_functions(mod, updates)
 
     return tvm.transform.module_pass(transform, opt_level=0, name="tvm_combiners.LocalShards")
 
@@ -469,18 +454,7 @@ class InGroup:
     A transfer from worker 0 or a replicated-to-sharded redistribution left is refused (ShardingError)."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        updates = {}
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                new = _InGroup(mod, gv.name_hint).visit_expr(func)
-                if not new.same_as(func):
-                    updates[gv] = new
-        if not updates:
-            return mod
-        mod = mod.clone()
-        for gv, func in updates.items():
-            mod.update_func(gv, func)
-        return mod
+        return rewrite_functions(mod, lambda name, func: _InGroup(mod, name).visit_expr(func))
 
 
 def distributed_passes(target: Any) -> list[tvm.transform.Pass]:

@@ -31,6 +31,7 @@ from tvm.sym import Analyzer
 from ...compile.pipelines import default_pipeline
 from ...core.driver import gc_paused
 from ...relax.graph_view import op_name
+from ...relax.module import with_functions
 from .. import spec as S
 from ..builders import IRAdapter, make_builders
 from ..dependences import UnitAccess, _Buffers, unit_dependences
@@ -678,12 +679,7 @@ def OrderSendRecv() -> tvm.transform.Pass:  # noqa: N802 - a pass factory, named
             planned = _plan(gv.name_hint, func)
             if planned is not None and planned[1].changed:
                 updates[gv] = _reorder(func, planned[0], planned[1].order)
-        if not updates:
-            return mod
-        mod = mod.clone()
-        for gv, func in updates.items():
-            mod[gv] = func
-        return mod
+        return with_functions(mod, updates)
 
     return tvm.transform.module_pass(transform, opt_level=0, name="OrderSendRecv")
 
