@@ -319,3 +319,27 @@ def test_erf_is_a_vectorizable_approximation_on_llvm(dtype, tolerance, approxima
     cuda = make_target("cuda")
     with cuda:
         assert "T.erf(" in str(tvm.transform.Sequential(fusion_passes(cuda))(mod))  # cuda: TVM's own, a device intrinsic
+
+
+@pytest.mark.parametrize("dtype, tolerance, approximated", [
+    ("float32", 3e-7, True),  # relative, where sigmoid is above 1e-30 (|error| 8.4e-8 on this grid)
+    ("float16", 5e-4, True),  # absolute: computed in float32 and rounded to float16
+    ("float64", 1e-15, False),  # TVM's legalization: libm
+])
+def test_sigmoid_is_a_vectorizable_approximation_on_llvm_that_keeps_nan(dtype, tolerance, approximated):
+    """SiLU's sigmoid was one libm expf per element after every convolution of EfficientNet-B0."""
+    mod = make_module({"x": ((4101,), dtype)}, lambda bb, x: bb.emit(relax.op.sigmoid(x)))
+    x = np.concatenate([np.linspace(-100, 100, 4096), [np.nan, np.inf, -np.inf, 88.8, -88.8]]).astype(dtype)
+    (y,) = run_vm(compile_module(mod, "llvm"), [x])
+    exact = 1 / (1 + np.exp(-x[:-5].astype(np.float64)))
+    error = np.abs(y[:-5].astype(np.float64) - exact)
+    if dtype == "float32":
+        error = (error / exact)[exact > 1e-30]
+    assert error.max() <= tolerance
+    assert np.isnan(y[-5]) and y[-4] == 1 and y[-3] == 0
+    np.testing.assert_allclose(y[-2:].astype(np.float64), [1.0, 0.0], atol=1e-30)
+    legalized = str(_fused(mod))
+    assert ("T.sigmoid(" not in legalized and "T.exp(" not in legalized) is approximated
+    cuda = make_target("cuda")
+    with cuda:
+        assert "T.sigmoid(" in str(tvm.transform.Sequential(fusion_passes(cuda))(mod))  # cuda: TVM's own

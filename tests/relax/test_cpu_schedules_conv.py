@@ -63,10 +63,23 @@ CONVS = {
                                      "channels"),
     "2 groups": ((1, 16, 8, 8), (32, 8, 3, 3), {"groups": 2, "padding": 1}, "bias relu", "channels"),
     "6 outputs (no vector divides)": ((1, 16, 8, 8), (6, 16, 3, 3), {"padding": 1}, "bias relu", "width"),
-    # SiLU reads the convolution twice, z * sigmoid(z): TVM inlines sigmoid into the convolution's block
-    # while multiply still reads z, ill-formed TIR; the rule schedules it without the epilogue instead
+    # SiLU reads the convolution twice, z * sigmoid(z): sigmoid is inlined into multiply first, which
+    # then reads z twice at one index and is computed on the tile
     "3x3, silu": ((1, 8, 8, 8), (16, 8, 3, 3), {"padding": 1}, "silu", "channels"),
-    "depthwise": ((1, 16, 12, 12), (16, 1, 3, 3), {"groups": 16, "padding": 1}, "bias relu", None),
+    "depthwise": ((1, 16, 12, 12), (16, 1, 3, 3), {"groups": 16, "padding": 1}, "bias relu", "depthwise"),
+    "depthwise 5x5 stride 2, silu": ((1, 32, 15, 15), (32, 1, 5, 5), {"groups": 32, "strides": 2, "padding": 2},
+                                     "silu", "depthwise"),
+    "depthwise 5x5, 48 channels": ((1, 48, 10, 10), (48, 1, 5, 5), {"groups": 48, "padding": 2}, "bias relu",
+                                   "depthwise"),
+    "depthwise, odd width": ((1, 16, 9, 13), (16, 1, 3, 3), {"groups": 16, "padding": 1}, "silu", "depthwise"),
+    "depthwise stride 2, no padding": ((1, 16, 9, 9), (16, 1, 3, 3), {"groups": 16, "strides": 2}, "none",
+                                       "depthwise"),
+    "depthwise, dilation 2": ((1, 16, 10, 10), (16, 1, 3, 3), {"groups": 16, "dilation": 2, "padding": 2}, "none",
+                              "depthwise"),
+    # stride 1 and rows of 64 or more: vectors along the row, the input read as it is
+    "depthwise, wide rows": ((1, 8, 4, 64), (8, 1, 3, 3), {"groups": 8, "padding": 1}, "silu", "width"),
+    # no vector divides 6 channels; a multiplier of 2 reads each input channel for two outputs
+    "depthwise, 6 channels": ((1, 6, 8, 8), (6, 1, 3, 3), {"groups": 6, "padding": 1}, "bias relu", None),
     "depthwise x2, stride 2": ((1, 8, 9, 9), (16, 1, 3, 3), {"groups": 8, "strides": 2}, "none", None),
 }
 
@@ -152,17 +165,20 @@ def test_each_conv_computes_what_numpy_and_the_naive_loops_do(name):
 @pytest.mark.parametrize("cpu", cpus())
 def test_every_conv_is_scheduled_for_every_cpu_with_its_vectors(cpu):
     """Channel tiles of two of the CPU's vectors where two divide a group's outputs (one where one
-    does); declined forms the same on every CPU."""
+    does), one vector of channels in depthwise convolutions; declined forms the same on every CPU."""
     target = make_target("llvm", cpu)
     for name, (_, weight, attrs, _, form) in CONVS.items():
         mod = _conv_module(name)
         assert _scheduled(mod, "conv2d", cpu) == [form is not None], name
-        if form != "channels":
+        if form not in ("channels", "depthwise"):
             continue
         sch = CPUConv2D().apply(_function(mod, "conv2d", cpu), target, False)
         per_group = weight[0] // attrs.get("groups", 1)
-        lanes = _lanes(cpu, per_group)
-        tile = 2 * lanes if per_group % (2 * lanes) == 0 else lanes
+        if form == "depthwise":
+            tile = _lanes(cpu, weight[0])
+        else:
+            lanes = _lanes(cpu, per_group)
+            tile = 2 * lanes if per_group % (2 * lanes) == 0 else lanes
         loops = _loops(sch, _update(sch))
         assert loops[0].kind == tvm.tirx.ForKind.PARALLEL, name
         assert loops[-1].kind == tvm.tirx.ForKind.VECTORIZED and int(loops[-1].extent) == tile, name
@@ -182,6 +198,30 @@ def test_the_channel_tile_accumulates_in_registers_with_the_weight_repacked_and_
     assert [int(d) for d in packed.shape] == [32 // tile, 8, 3, 3, tile]
 
 
+@pytest.mark.parametrize("name", ["3x3, silu", "depthwise 5x5 stride 2, silu"])
+def test_silu_is_computed_on_the_tile_as_it_leaves_the_registers(name):
+    """SiLU's stages (sigmoid is several on llvm: the fast exp, add, divide, the NaN select) are all
+    inlined into the store of the tile: no block but the convolution's own remains."""
+    func = _function(_conv_module(name), "conv2d")
+    assert len(re.findall(r'T\.sblock\("', func.script())) > 6  # the epilogue's stages, before scheduling
+    sch = CPUConv2D().apply(func, make_target("llvm"), False)
+    blocks = re.findall(r'T\.sblock\("(\w+)"\)', sch.mod.script())
+    assert [b for b in blocks if b != "root" and "conv2d_nchw" not in b and b not in ("w_global", "pad_temp",
+                                                                                    "pad_temp_global")] == []
+    assert "T.exp(" not in sch.mod.script()  # the approximated exp: vector arithmetic, no libm call
+
+
+def test_a_depthwise_tap_of_a_channel_vector_is_one_load_of_the_input_packed_with_its_padding():
+    """The padded input packed as [N, C / lanes, H, W, lanes] in one pass, the weight as [C / lanes, 1, KH, KW, lanes]."""
+    sch = CPUConv2D().apply(_function(_conv_module("depthwise 5x5 stride 2, silu"), "conv2d"), make_target("llvm"),
+                            False)
+    buffers = {b.name: [int(d) for d in b.shape] for b in sch.mod["main"].body.block.alloc_buffers}
+    lanes = _lanes(None, 32)
+    assert buffers["pad_temp_global"] == [1, 32 // lanes, 19, 19, lanes]
+    assert buffers["w_global"] == [32 // lanes, 1, 5, 5, lanes]
+    assert 'sblock("pad_temp")' not in sch.mod.script()  # the padding computed in the packing pass
+
+
 def test_the_row_form_vectorizes_along_the_output_row():
     """6 outputs: no vector divides them; a vector divides the 8-wide rows."""
     sch = CPUConv2D().apply(_function(_conv_module("6 outputs (no vector divides)"), "conv2d"), make_target("llvm"),
@@ -190,6 +230,13 @@ def test_the_row_form_vectorizes_along_the_output_row():
     assert loops[0].kind == tvm.tirx.ForKind.PARALLEL
     assert loops[-1].kind == tvm.tirx.ForKind.VECTORIZED and int(loops[-1].extent) == 8
     assert "w_global" not in sch.mod.script()
+
+
+def test_a_wide_depthwise_convolution_of_stride_1_reads_its_rows_as_they_are():
+    sch = CPUConv2D().apply(_function(_conv_module("depthwise, wide rows"), "conv2d"), make_target("llvm"), False)
+    loops = _loops(sch, "group_conv2d_nchw_update")
+    assert loops[0].kind == tvm.tirx.ForKind.PARALLEL and loops[-1].kind == tvm.tirx.ForKind.VECTORIZED
+    assert "pad_temp_global" not in sch.mod.script() and "w_global" not in sch.mod.script()
 
 
 def test_a_constant_weight_is_repacked_at_compile_time():
@@ -331,19 +378,24 @@ def test_reductions_are_no_injective_function():
 
 @pytest.mark.parametrize("cpu", runnable_cpus())
 def test_a_small_cnn_computes_what_numpy_does_on_every_cpu_this_host_runs(cpu):
-    """A conv in channel tiles, a strided grouped one, a pool and a residual add, built for each CPU."""
+    """A conv in channel tiles, a strided grouped one, a pool, a residual add and a depthwise one
+    with SiLU, built for each CPU."""
     rng = np.random.default_rng(1)
     w1, w2 = rng.standard_normal((16, 8, 3, 3)).astype(F32), rng.standard_normal((16, 8, 3, 3)).astype(F32)
+    w3 = rng.standard_normal((16, 1, 3, 3)).astype(F32)
 
     def body(bb, x):  # noqa: ANN001, ANN202
         y = bb.emit(R.nn.relu(bb.emit(R.nn.conv2d(x, relax.const(w1), padding=1))))
         z = bb.emit(R.nn.conv2d(y, relax.const(w2), strides=2, padding=1, groups=2))
-        return bb.emit(R.add(bb.emit(R.nn.max_pool2d(z, 3, 1, 1)), z))
+        s = bb.emit(R.add(bb.emit(R.nn.max_pool2d(z, 3, 1, 1)), z))
+        d = bb.emit(R.nn.conv2d(s, relax.const(w3), strides=2, padding=1, groups=16))
+        return bb.emit(R.multiply(d, bb.emit(R.sigmoid(d))))
 
     mod = make_module({"x": ((1, 8, 12, 12), F32)}, body)
     x = rng.standard_normal((1, 8, 12, 12)).astype(F32)
     z = conv2d_numpy(np.maximum(conv2d_numpy(x, w1, padding=1), 0), w2, 2, 1, 1, 2)
-    check_scheduled(mod, pool_numpy(z, 3, 1, 1, "max") + z, [x], cpu=cpu)
+    d = conv2d_numpy(pool_numpy(z, 3, 1, 1, "max") + z, w3, 2, 1, 1, 16)
+    check_scheduled(mod, d * (0.5 + 0.5 * np.tanh(d / 2)), [x], cpu=cpu)  # d * sigmoid(d), without overflow
 
 
 def test_a_module_with_a_function_without_blocks_keeps_its_repack_inside_the_kernel():

@@ -4,20 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import tvm
-import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-from .common import CPURule, loop_extent, reads_var, vector_lanes, vectorize_inner
+from .common import SCALAR_CALLS, CPURule, calls_any, loop_extent, reads_var, vector_lanes, vectorize_inner
 from .injective import is_spatial, parallel_outer, product, root_blocks
-
-# Math LLVM lowers to a libm call per element: without a vector math library it splits a vector of
-# them into one scalar call per lane plus lane shuffles, slower than the scalar loop (a softmax's
-# exp stage of 1536 rows of 128: 0.85 ms vectorized, 0.63 ms scalar).
-SCALAR_CALLS = frozenset(f"tirx.{name}" for name in (
-    "exp", "exp2", "exp10", "expm1", "log", "log2", "log10", "log1p", "pow", "tanh", "sinh", "cosh", "erf",
-    "sigmoid", "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "fmod"))
 
 
 class CPUReduction(CPURule):
@@ -65,7 +56,7 @@ class CPUReduction(CPURule):
             # a prologue read by one stage is computed in it (an exp read by a sum and a divide stays a
             # stage, and so does one of libm calls, scalar before a vectorized reduction)
             if is_spatial(sch, block) and len(sch.get_consumers(block)) == 1 and \
-                    not _calls(sch.get(block).body, SCALAR_CALLS):
+                    not calls_any(sch.get(block).body, SCALAR_CALLS):
                 try:
                     sch.compute_inline(block)
                 except (RuntimeError, ValueError):  # not inlinable (read at other points): a stage of the row
@@ -91,7 +82,7 @@ class CPUReduction(CPURule):
         for block in root_blocks(sch):
             lanes = vector_lanes(target, sch.get(block).writes[0].source.dtype.bits, width)
             if vector_reductions and sch.get(block).name_hint in names and lanes is not None and width > lanes \
-                    and not _calls(sch.get(block).body, SCALAR_CALLS):
+                    and not calls_any(sch.get(block).body, SCALAR_CALLS):
                 ki = sch.split(sch.get_loops(block)[-1], [None, lanes])[1]
                 partials.add(sch.get(sch.rfactor(ki, len(rows))).name_hint)  # partial[row, lane], a vector along the row
         if row_loops:
@@ -105,7 +96,7 @@ class CPUReduction(CPURule):
         for block in along:
             if sch.get(block).name_hint in partials:
                 _vectorize_partial(sch, block)
-            elif is_spatial(sch, block) and not _calls(sch.get(block).body, SCALAR_CALLS):
+            elif is_spatial(sch, block) and not calls_any(sch.get(block).body, SCALAR_CALLS):
                 inner = loop_extent(sch, sch.get_loops(block)[-1])
                 lanes = vector_lanes(target, sch.get(block).writes[0].source.dtype.bits, inner)
                 if lanes is not None:
@@ -158,20 +149,3 @@ def _vectorize_partial(sch: s_tir.Schedule, block: Any) -> None:
     sch.vectorize(ki)  # before the init is split off: vectorize checks the block is a whole reduction
     init = sch.decompose_reduction(block, ko)
     sch.vectorize(sch.get_loops(init)[-1])
-
-
-def _calls(stmt: Any, ops: frozenset[str]) -> bool:
-    """Whether ``stmt`` (a block's store) calls one of ``ops``."""
-    todo = [stmt]
-    while todo:
-        node = todo.pop()
-        op = getattr(node, "op", None)
-        if isinstance(op, tvm.ir.Op) and op.name in ops:
-            return True
-        for field in ("value", "a", "b", "args", "indices", "condition", "true_value", "false_value"):
-            child = getattr(node, field, None)
-            if isinstance(child, (tvm.ir.Expr, tirx.Stmt)):
-                todo.append(child)
-            elif isinstance(child, tvm_ffi.Array):  # a call's arguments, a load's indices
-                todo.extend(child)
-    return False
