@@ -353,7 +353,7 @@ def test_disco_groups_must_divide_the_ranks(tmp_path: Path) -> None:
     assert comm.disco_group_size("2", 4, "op") == 2
     with pytest.raises(ValueError) as err:
         comm.disco_group_size("3", 4, "runtime.disco.allreduce")
-    assert str(err.value) == ("runtime.disco.allreduce: TVM_COMBINERS_DISCO_GROUPS=3 does not divide the job's 4 "
+    assert str(err.value) == ("runtime.disco.allreduce: TVM_COMBINERS_DISCO_GROUPS=3 does not divide the 4 "
                               "ranks: disco's groups are equal runs of consecutive ranks")
     with pytest.raises(ValueError, match="TVM_COMBINERS_DISCO_GROUPS='two' is not a positive whole number"):
         comm.disco_group_size("two", 4, "op")

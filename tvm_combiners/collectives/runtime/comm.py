@@ -141,15 +141,21 @@ def group(groups: str, op: str) -> Group:
 DISCO_GROUPS_ENV = "TVM_COMBINERS_DISCO_GROUPS"
 
 
+def group_size(groups: int, size: int, given: str) -> int:
+    """Ranks per group of ``groups`` disco groups in a job of ``size`` ranks. ValueError unless
+    ``groups`` divides ``size``, its line starting with ``given`` (where the count came from)."""
+    if size % groups:
+        raise ValueError(f"{given} does not divide the {size} rank{'s' if size != 1 else ''}: "
+                         "disco's groups are equal runs of consecutive ranks")
+    return size // groups
+
+
 def disco_group_size(text: str, size: int, op: str) -> int:
     """Ranks per disco group for ``TVM_COMBINERS_DISCO_GROUPS=text`` ("" means 1 group) in a job of ``size``."""
     count = text.strip() or "1"
     if not count.isdigit() or int(count) < 1:
         raise ValueError(f"{op}: {DISCO_GROUPS_ENV}={text!r} is not a positive whole number of groups")
-    if size % int(count):
-        raise ValueError(f"{op}: {DISCO_GROUPS_ENV}={count} does not divide the job's {size} "
-                         f"rank{'s' if size != 1 else ''}: disco's groups are equal runs of consecutive ranks")
-    return size // int(count)
+    return group_size(int(count), size, f"{op}: {DISCO_GROUPS_ENV}={count}")
 
 
 def job_disco_group_size(op: str) -> int:

@@ -38,7 +38,7 @@ from typing import Any
 from ...compile.host import on_start_cores, usable_cores
 from ...compile.interrupts import terminate_as_interrupt
 from ...errors import install_line
-from .comm import DISCO_GROUPS_ENV
+from .comm import DISCO_GROUPS_ENV, group_size
 from .rank_main import ABORT_PREFIX, HOST_MARKER, LOST_ERROR_PREFIX, MARKER_DIR
 
 DEFAULT_TIMEOUT = 300.0
@@ -650,9 +650,7 @@ def check_disco_groups(n: int, groups: int | None) -> None:
         return
     if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
         raise ValueError(f"{PREFIX}: --disco-groups must be a positive whole number of groups, got {groups!r}")
-    if n % groups:
-        raise ValueError(f"{PREFIX}: --disco-groups {groups} does not divide the {n} rank{'s' if n != 1 else ''}: "
-                         "disco's groups are equal runs of consecutive ranks")
+    group_size(groups, n, f"{PREFIX}: --disco-groups {groups}")
 
 
 def resolve(args: argparse.Namespace) -> None:
