@@ -1,6 +1,6 @@
 """Default CPU schedules: TVM's llvm pipeline as it is (naive loops) vs with ours, beside onnxruntime.
 
-    .venv/bin/python benchmarks/bench_cpu_schedules.py [--models minilm,bert-base,googlenet,resnet50]
+    .venv/bin/python benchmarks/bench_cpu_schedules.py [--models minilm,bert-base,googlenet,resnet50,...]
         [--rounds 6] [--repeat 5] [--image 224] [--functions 0]
 
 For each model (batch 1; transformers at seq 128, CNNs on ``--image`` x ``--image`` images): the
@@ -33,8 +33,8 @@ from tvm_combiners.models import loader
 from tvm_combiners.relax.passes import CombineParallelOps
 
 MODELS = {"minilm": "MiniLM-L3", "bert-base": "BERT-base", "googlenet": "GoogLeNet", "resnet50": "ResNet-50",
-          "resnet-mini": "ResNet-mini"}
-CNNS = ("googlenet", "resnet50", "resnet-mini")
+          "inception-v3": "Inception-v3", "efficientnet-b0": "EfficientNet-B0", "resnet-mini": "ResNet-mini"}
+CNNS = ("googlenet", "resnet50", "inception-v3", "efficientnet-b0", "resnet-mini")
 
 
 def _model(key: str, tmp: Path, image: int) -> str:
