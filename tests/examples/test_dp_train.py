@@ -104,9 +104,12 @@ def test_adam_on_2_ranks_passes():
     # far above 1e-5 relative: a correct run once reported FAILED. After 8 steps the two runs'
     # gradients differ too (2.3e-5: they are taken at parameters that moved apart); each program's
     # are checked against the full batch's at its own parameters
+    # two threads a rank (launch keeps TVM_NUM_THREADS): a schedule that races between threads
+    # computes right with one (the backward's where(x < 0, 0, dy @ w) did: NaN gradients with two)
     cmd = [EXE, "launch", "-n", "2", "--timeout", "240", "--example", "dp-train", "--json", "--",
            "--opt-level", "0", "--steps", "8", "--repeat", "1", "--optimizer", "adam"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TVM_NUM_THREADS": "2"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     assert report["ok"] and report["failures"] == [] and report["config"]["optimizer"] == "adam"

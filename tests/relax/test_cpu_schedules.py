@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tvm
@@ -122,9 +124,11 @@ def test_the_epilogue_is_computed_per_tile_in_parallel_and_vectorized():
     assert text.count("T.parallel(") == 1 and "T.vectorized(" in text and 'scope="local"' in text
     tile = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock("matmul_update"))[:2]]  # batch x columns, rows
     assert tile[0].kind == tvm.tirx.ForKind.PARALLEL
-    for block in ("T_add", "compute", "T_multiply_2"):  # bias, gelu's erf, its last step: on each tile
-        loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock(block))[:2]]
-        assert all(a.same_as(b) for a, b in zip(loops, tile))
+    # bias and GELU's stages inlined into its last step, computed on each tile
+    assert [n for n in re.findall(r'T\.sblock\("(\w+)"\)', text) if not n.startswith(("root", "matmul"))] == [
+        "T_multiply_2"]
+    loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock("T_multiply_2"))[:2]]
+    assert all(a.same_as(b) for a, b in zip(loops, tile))
 
 
 @pytest.mark.parametrize("cpu", cpus())
@@ -274,6 +278,62 @@ def test_an_epilogue_reading_another_tile_stays_after_the_gemm():
     tvm.compile(mod, target=target)["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), out)
     c = a @ b
     np.testing.assert_allclose(out.numpy(), c - c[:, :1], rtol=1e-4, atol=1e-4)
+
+
+@T.prim_func(s_tir=True)
+def _threads(a: T.Buffer((64,), "float32"), b: T.Buffer((64,), "float32"), c: T.Buffer((64,), "float32"),
+             s: T.Buffer((), "float32")):
+    for _t in T.parallel(4):  # every thread copies all of a: the same writes from every thread
+        for i in range(64):
+            with T.sblock("whole"):
+                vi = T.axis.spatial(64, i)
+                b[vi] = a[vi]
+    for k in T.parallel(64):  # the sum split across threads: a race on s
+        with T.sblock("sum"):
+            vk = T.axis.reduce(64, k)
+            with T.init():
+                s[()] = T.float32(0)
+            s[()] = s[()] + a[vk]
+    for i in T.parallel(64):  # each thread its own elements
+        with T.sblock("own"):
+            vi = T.axis.spatial(64, i)
+            c[vi] = a[vi] * T.float32(2)
+
+
+def test_blocks_every_thread_would_run_whole_or_reduce_together_are_found():
+    from tvm_combiners.compile.schedules.common import shared_by_threads
+
+    assert shared_by_threads(_threads) == ["whole", "sum"]
+
+
+def _relu_backward() -> tvm.IRModule:
+    """A ReLU's backward after a GEMM, as TVM's Gradient writes it: ``where(x < 0, 0, dy @ w)``."""
+    zero = relax.const(np.float32(0))
+    return make_module({"dy": ((2, 16, 128), F32), "w": ((128, 256), F32), "x": ((2, 16, 256), F32)},
+                       lambda bb, dy, w, x: bb.emit(R.where(bb.emit(R.less(x, zero)), zero,
+                                                            bb.emit(R.matmul(dy, w)))))
+
+
+def test_an_epilogue_reading_an_input_is_computed_on_each_tile_not_by_every_thread():
+    """``x < 0`` reads no output of the GEMM: moved under the parallel tile loop as it was, it and the
+    ``where`` after it kept their whole domain, every thread computing every element from GEMM
+    results other threads had not written yet (wrong gradients with 2 threads, right with 1). It is
+    inlined into the ``where`` first, which then moves onto each tile."""
+    from tvm_combiners.compile.schedules.common import shared_by_threads
+
+    mod = _relu_backward()
+    func = _gemm_function(mod)
+    target = make_target("llvm")
+    sch = CPUMatmul().apply(func, target, False)
+    assert sch is not None and shared_by_threads(sch.mod["main"]) == []
+    tile = sch.get(sch.get_loops(sch.get_sblock("matmul_update"))[0])
+    assert tile.kind == tvm.tirx.ForKind.PARALLEL
+    assert sch.get(sch.get_loops(sch.get_sblock("T_where"))[0]).same_as(tile)
+    assert "T_less" not in sch.mod.script()  # inlined into the where
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal(s).astype(F32) for s in ((2, 16, 128), (128, 256), (2, 16, 256))]
+    got = run_vm(compile_module(mod, "llvm"), inputs)[0]
+    np.testing.assert_allclose(got, np.where(inputs[2] < 0, 0, inputs[0] @ inputs[1]), rtol=1e-5, atol=1e-5)
 
 
 def test_a_tuned_function_keeps_its_schedule_and_the_rest_gets_the_defaults():

@@ -27,8 +27,12 @@ class CPURule(dlight.ScheduleRule):
     more modest attempt, and so does a schedule whose function is not well-formed TIR: TVM's
     ``reverse_compute_inline`` inlines a consumer into its producer's block while another block still
     reads the producer's buffer (SiLU's ``z * sigmoid(z)`` after a convolution), leaving that buffer
-    without a writer, which only a later pass would notice. Where every attempt fails the function
-    keeps its loops.
+    without a writer, which only a later pass would notice. A schedule with a block that every thread
+    of a parallel loop would run whole (:func:`shared_by_threads`) is refused the same way: TVM's
+    ``reverse_compute_at`` moves a block that does not read the tile's output under the tile loop with
+    its whole domain, and its consumers there then read what other threads have not written yet (a
+    ReLU's backward ``where(x < 0, 0, dy @ w)``: wrong gradients with 2 threads, right with 1). Where
+    every attempt fails the function keeps its loops.
     """
 
     ATTEMPTS: tuple[tuple[Any, ...], ...] = ((),)
@@ -41,12 +45,68 @@ class CPURule(dlight.ScheduleRule):
                 sch = self._schedule(func, target, *attempt)
             except (RuntimeError, ValueError):
                 continue
-            if sch is None or s_tir.analysis.verify_well_formed(sch.mod, assert_mode=False):
+            if sch is None or (s_tir.analysis.verify_well_formed(sch.mod, assert_mode=False)
+                               and not shared_by_threads(sch.mod["main"])):
                 return sch
         return None
 
     def _schedule(self, func: tirx.PrimFunc, target: Target, *attempt: Any) -> s_tir.Schedule | None:
         raise NotImplementedError
+
+
+def shared_by_threads(func: tirx.PrimFunc) -> list[str]:
+    """The blocks under a parallel loop whose instances do not follow it: each thread would run the
+    block over the same iterators (writing what the others write, reading what they may not have
+    written yet), or a reduction iterator would be split across threads (a data race on the sum)."""
+    found: list[str] = []
+
+    def visit(node: Any, parallel: tuple[tirx.Var, ...]) -> None:
+        if isinstance(node, tirx.For):
+            threads = node.kind == tirx.ForKind.PARALLEL and not (isinstance(node.extent, tirx.IntImm)
+                                                                  and int(node.extent) == 1)
+            inner = (*parallel, node.loop_var) if threads else parallel
+            visit(node.body, inner)
+        elif isinstance(node, s_tir.stmt.SBlockRealize):
+            block = node.block
+            if parallel:
+                spatial = [reads_any(v, parallel) for iv, v in zip(block.iter_vars, node.iter_values)
+                           if iv.iter_type == tirx.IterVar.DataPar]
+                reduced = [reads_any(v, parallel) for iv, v in zip(block.iter_vars, node.iter_values)
+                           if iv.iter_type != tirx.IterVar.DataPar]
+                if block.iter_vars and (not any(spatial) or any(reduced)):
+                    found.append(block.name_hint)
+            visit(block.body, parallel)
+            if block.init is not None:
+                visit(block.init, parallel)
+        elif isinstance(node, tirx.SeqStmt):
+            for stmt in node.seq:
+                visit(stmt, parallel)
+        elif isinstance(node, (tirx.IfThenElse,)):
+            visit(node.then_case, parallel)
+            if node.else_case is not None:
+                visit(node.else_case, parallel)
+        elif hasattr(node, "body"):  # LetStmt, AttrStmt, DeclBuffer and the like
+            visit(node.body, parallel)
+
+    visit(func.body, ())
+    return found
+
+
+def reads_any(expr: Any, variables: tuple[tirx.Var, ...]) -> bool:
+    return any(reads_var(expr, v) for v in variables)
+
+
+def inline_into_consumers(sch: s_tir.Schedule, blocks: list[Any]) -> list[Any]:
+    """Each of ``blocks`` but the last inlined into the blocks that read it, where TVM allows; returns
+    those left. An epilogue then reaches its tile as one block that reads only what the tile wrote and
+    the function's inputs (SiLU's ``z * sigmoid(z)``; a ReLU backward's ``where(x < 0, 0, y)``)."""
+    left = []
+    for block in blocks[:-1]:
+        try:
+            sch.compute_inline(block)
+        except (RuntimeError, ValueError):
+            left.append(block)
+    return left + blocks[-1:]
 
 
 #: The attempts of a rule that fuses the elementwise epilogue where it can, and schedules without it where not.

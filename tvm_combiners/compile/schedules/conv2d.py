@@ -11,7 +11,16 @@ from tvm.sym import Analyzer, detect_linear_equation
 from tvm.target import Target
 from tvm.target.codegen import target_has_features
 
-from .common import SCALAR_CALLS, WITH_EPILOGUE_THEN_WITHOUT, CPURule, calls_any, loop_extent, reads_var, vector_lanes
+from .common import (
+    SCALAR_CALLS,
+    WITH_EPILOGUE_THEN_WITHOUT,
+    CPURule,
+    calls_any,
+    inline_into_consumers,
+    loop_extent,
+    reads_var,
+    vector_lanes,
+)
 from .injective import is_spatial, parallel_outer, root_blocks, schedule_injective
 
 # The block annotation TVM's SplitLayoutRewritePreproc splits into a function of its own (which
@@ -117,7 +126,7 @@ class CPUConv2D(CPURule):
         sch.reverse_compute_at(accumulate, outer)
         pending = list(after)
         if fuse_epilogue:  # SiLU's z * sigmoid(z) as one block that reads z twice, before it meets the tile
-            pending = _inline_into_consumers(sch, pending)
+            pending = inline_into_consumers(sch, pending)
         while fuse_epilogue and pending:
             try:
                 sch.reverse_compute_inline(pending[0])  # computed on the tile as it leaves the accumulators
@@ -239,17 +248,6 @@ def _schedule_producer(sch: s_tir.Schedule, block: Any, target: Target) -> None:
         except (RuntimeError, ValueError):
             pass
     schedule_injective(sch, block, target)
-
-
-def _inline_into_consumers(sch: s_tir.Schedule, blocks: list[Any]) -> list[Any]:
-    """Each of ``blocks`` but the last inlined into the blocks that read it, where TVM allows; returns those left."""
-    left = []
-    for block in blocks[:-1]:
-        try:
-            sch.compute_inline(block)
-        except (RuntimeError, ValueError):
-            left.append(block)
-    return left + blocks[-1:]
 
 
 def _divisor_at_most(n: int, limit: int) -> int:

@@ -8,7 +8,15 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
 from tvm.target import Target
 
-from .common import WITH_EPILOGUE_THEN_WITHOUT, CPURule, loop_extent, reads_var, vector_lanes, vectorize_inner
+from .common import (
+    WITH_EPILOGUE_THEN_WITHOUT,
+    CPURule,
+    inline_into_consumers,
+    loop_extent,
+    reads_var,
+    vector_lanes,
+    vectorize_inner,
+)
 
 # Output rows per tile and vector registers per row: 4 x 2 accumulator registers leave room for the
 # operands in x86's 16 vector registers (the fastest tile of those bench_cpu_schedules.py compares).
@@ -61,9 +69,16 @@ class CPUMatmul(CPURule):
         accumulate = sch.cache_write(main.block_rv, 0, "local")
         sch.reverse_compute_at(accumulate, tile)
         if fuse_epilogue:
-            for info in infos[infos.index(main) + 1:]:
-                sch.reverse_compute_at(info.block_rv, tile)
-                vectorize_inner(sch, info.block_rv, lanes)
+            at = infos.index(main)
+            gemm = sch.get(main.block_rv)
+            # blocks before the GEMM that only its epilogue reads (a ReLU backward's x < 0) go into the
+            # epilogue too: a block moved onto the tile needs every producer under the tile loop
+            side = [i.block_rv for i in infos[:at]
+                    if not any(sch.get(c).same_as(gemm) for c in sch.get_consumers(i.block_rv))]
+            epilogue = [info.block_rv for info in infos[at + 1:]]
+            for block in inline_into_consumers(sch, side + epilogue) if epilogue else ():
+                sch.reverse_compute_at(block, tile)
+                vectorize_inner(sch, block, lanes)
         sch.parallel(sch.fuse(*batch, jo) if batch else jo)  # after the moves: it checks every block under it
         sch.unroll(ii)
         sch.vectorize(ji)
