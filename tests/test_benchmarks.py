@@ -16,6 +16,7 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 SMOKE = {
     "bench_collectives.py": ["--quick"],
     "bench_collective_combiners.py": ["--quick"],
+    "bench_dp_train.py": ["--quick"],
     "bench_collective_pass_scaling.py": ["--sizes", "10", "--ir", "both"],
     "bench_pass_scaling.py": ["--sizes", "10", "--bert-layers", "", "--ir", "both"],
     "bench_cpu_schedules.py": ["--models", "minilm,resnet-mini", "--image", "32", "--rounds", "1", "--repeat", "1",

@@ -7,7 +7,9 @@ Each node is a network namespace (``<id>-node<i>``) holding one end of a veth pa
 is on a bridge of the cluster's own; node ``i`` has the address ``10.213.0.<10+i>`` there, and
 ``nodeI`` resolves to it inside every node (``ip netns exec`` puts ``/etc/netns/<namespace>/hosts``
 over ``/etc/hosts``). Commands run on a node in a UTS namespace named after it, so MPICH sees hosts
-of their own and talks TCP between them, as across machines. ``rate`` limits each node's egress
+of their own and talks TCP between them, as across machines (:data:`NODE_ENV`: UCX, MPICH's network
+layer here, would otherwise reach the other node's ranks through this machine's shared memory,
+which no namespace hides, and no byte would cross the link). ``rate`` limits each node's egress
 with ``tc``'s token bucket (``tbf``). ``launch`` reaches the nodes through :attr:`launcher`, a script
 called as ssh is.
 
@@ -39,6 +41,11 @@ SUBNET = "10.213.0"
 NETNS_ETC = Path("/etc/netns")
 _OWNED = re.compile(rf"{PREFIX}(\d+)[a-z]")
 _count = itertools.count()
+#: The environment of every command run on a node: MPICH's UCX netmod finds two processes on one machine by
+#: neither hostname nor network namespace, and then moves their data through shared memory (measured:
+#: 16 MiB sent at 8-10 Gbit/s under a 1 Gbit/s ``tbf``, 15 kB through the node's eth0); with TCP only it
+#: crosses the veth (0.9 Gbit/s). Ranks on one node still share memory through MPICH's own shm.
+NODE_ENV = {"UCX_TLS": "tcp,self"}
 
 
 class ClusterUnavailable(RuntimeError):
@@ -126,7 +133,8 @@ class SimulatedCluster:
 
     def on_node(self, node: int, argv: Sequence[str]) -> list[str]:
         """``argv`` run on node ``node`` (its network, its hostname)."""
-        return ["ip", "netns", "exec", self.namespaces[node], "unshare", "--uts", "sh", "-c",
+        return ["ip", "netns", "exec", self.namespaces[node], "env", *(f"{k}={v}" for k, v in NODE_ENV.items()),
+                "unshare", "--uts", "sh", "-c",
                 'hostname "$0" && exec "$@"', self.names[node], *argv]
 
     def launch_command(self, argv: Sequence[str], ranks_per_node: int = 1, timeout: float = 300,
@@ -208,7 +216,7 @@ shift
 case "$host" in
 {cases}  *) echo "no simulated host $host (hosts: {' '.join(self.names)})" >&2; exit 255 ;;
 esac
-exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" && exec sh -c "$1"' "$host" "$*"
+exec ip netns exec "$ns" env {' '.join(f"{k}={v}" for k, v in NODE_ENV.items())} unshare --uts sh -c 'hostname "$0" && exec sh -c "$1"' "$host" "$*"
 """)
         script.chmod(0o755)
 
