@@ -140,6 +140,15 @@ def test_threshold_at_or_below_zero_disables(kw):
     assert CB.CombineCollectives(**kw)(mod).same_as(mod)
 
 
+def test_tvms_allgather_of_bfloat16_is_keyed_apart_from_other_dtypes():
+    """Other dtypes of an allgather share one byte buffer; bfloat16 stays bfloat16 (keys.py's rule)."""
+    from tvm_combiners.collectives.combiners.keys import ccl_key
+
+    attrs = {"num_workers": 2, "in_group": False}
+    assert ccl_key("ccl.allgather", attrs, "bfloat16") != ccl_key("ccl.allgather", attrs, "float32")
+    assert ccl_key("ccl.allgather", attrs, "float16") == ccl_key("ccl.allgather", attrs, "float32")
+
+
 def test_mixed_keys_stay_apart():
     params = [((4,), "float32"), ((4,), "float32"), ((4,), "int32"), ((4,), "int32"), ((6,), "float32")]
 

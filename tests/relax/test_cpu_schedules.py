@@ -282,7 +282,7 @@ def test_an_epilogue_reading_another_tile_stays_after_the_gemm():
 
 @T.prim_func(s_tir=True)
 def _threads(a: T.Buffer((64,), "float32"), b: T.Buffer((64,), "float32"), c: T.Buffer((64,), "float32"),
-             s: T.Buffer((), "float32")):
+             s: T.Buffer((), "float32"), z: T.Buffer((), "float32")):
     for _t in T.parallel(4):  # every thread copies all of a: the same writes from every thread
         for i in range(64):
             with T.sblock("whole"):
@@ -298,12 +298,15 @@ def _threads(a: T.Buffer((64,), "float32"), b: T.Buffer((64,), "float32"), c: T.
         with T.sblock("own"):
             vi = T.axis.spatial(64, i)
             c[vi] = a[vi] * T.float32(2)
+    for _t in T.parallel(4):  # one instance, no iterators: every thread writes z
+        with T.sblock("scalar"):
+            z[()] = a[0]
 
 
 def test_blocks_every_thread_would_run_whole_or_reduce_together_are_found():
     from tvm_combiners.compile.schedules.common import shared_by_threads
 
-    assert shared_by_threads(_threads) == ["whole", "sum"]
+    assert shared_by_threads(_threads) == ["whole", "sum", "scalar"]
 
 
 def _relu_backward() -> tvm.IRModule:
@@ -315,10 +318,10 @@ def _relu_backward() -> tvm.IRModule:
 
 
 def test_an_epilogue_reading_an_input_is_computed_on_each_tile_not_by_every_thread():
-    """``x < 0`` reads no output of the GEMM: moved under the parallel tile loop as it was, it and the
-    ``where`` after it kept their whole domain, every thread computing every element from GEMM
-    results other threads had not written yet (wrong gradients with 2 threads, right with 1). It is
-    inlined into the ``where`` first, which then moves onto each tile."""
+    """``x < 0`` reads no output of the GEMM: moved under the parallel tile loop as it is, it and the
+    ``where`` after it would keep their whole domain, every thread computing every element from GEMM
+    results other threads have not written yet (wrong gradients with 2 threads, right with 1). It is
+    inlined into the ``where``, which moves onto each tile."""
     from tvm_combiners.compile.schedules.common import shared_by_threads
 
     mod = _relu_backward()
@@ -387,7 +390,7 @@ def test_erf_is_a_vectorizable_approximation_on_llvm(dtype, tolerance, approxima
     ("float64", 1e-15, False),  # TVM's legalization: libm
 ])
 def test_sigmoid_is_a_vectorizable_approximation_on_llvm_that_keeps_nan(dtype, tolerance, approximated):
-    """SiLU's sigmoid was one libm expf per element after every convolution of EfficientNet-B0."""
+    """TVM's sigmoid calls libm's expf once per element (SiLU after every convolution of EfficientNet-B0)."""
     mod = make_module({"x": ((4101,), dtype)}, lambda bb, x: bb.emit(relax.op.sigmoid(x)))
     x = np.concatenate([np.linspace(-100, 100, 4096), [np.nan, np.inf, -np.inf, 88.8, -88.8]]).astype(dtype)
     (y,) = run_vm(compile_module(mod, "llvm"), [x])

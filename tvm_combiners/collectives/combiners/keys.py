@@ -72,7 +72,7 @@ def ccl_key(op_name: str, attrs: dict, dtype: str) -> Hashable:
     """Key of TVM's own ``R.ccl.allreduce`` / ``R.ccl.allgather`` (gather along axis 0)."""
     if op_name == "ccl.allreduce":
         return ("ccl.allreduce", str(attrs["op_type"]), bool(attrs["in_group"]), dtype)
-    return ("ccl.allgather", int(attrs["num_workers"]), bool(attrs["in_group"]))
+    return ("ccl.allgather", int(attrs["num_workers"]), bool(attrs["in_group"]), *_apart(dtype))
 
 
 def transfer_key(spec: CollectiveSpec, dtype: str | None = None) -> Hashable:

@@ -441,9 +441,11 @@ class _InGroup(relax.PyExprMutator):
         call = super().visit_call_(call)
         name = call.op.name if isinstance(call.op, tvm.ir.Op) else ""
         if name in _NOT_IN_GROUP:
+            fix = ("pass that tensor as a local shard (local_shards=True)" if name in (_BROADCAST, _SCATTER)
+                   else "annotate the tensor sharded where it is computed, or pass it as a sharded parameter")
             raise ShardingError(f"tvm_combiners.InGroup: {_op_text(call.op)} of {_name(call.args[0])} in function "
                                 f"'{self.func_name}' would run across every rank, not within its disco group "
-                                "(TVM's lowering cannot group it): pass that tensor as a local shard (local_shards=True)")
+                                f"(TVM's lowering cannot group it): {fix}")
         return _IN_GROUP[name](call.args[0], call.attrs) if name in _IN_GROUP else call
 
 

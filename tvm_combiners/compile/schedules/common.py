@@ -55,9 +55,10 @@ class CPURule(dlight.ScheduleRule):
 
 
 def shared_by_threads(func: tirx.PrimFunc) -> list[str]:
-    """The blocks under a parallel loop whose instances do not follow it: each thread would run the
-    block over the same iterators (writing what the others write, reading what they may not have
-    written yet), or a reduction iterator would be split across threads (a data race on the sum)."""
+    """The blocks under a parallel loop (of more than one iteration) none of whose spatial iterators
+    is bound to it: each thread would run the block over the same instances (writing what the others
+    write, reading what they may not have written yet); or with a reduction iterator bound to it (a
+    sum split across threads, a data race)."""
     found: list[str] = []
 
     def visit(node: Any, parallel: tuple[tirx.Var, ...]) -> None:
@@ -73,7 +74,7 @@ def shared_by_threads(func: tirx.PrimFunc) -> list[str]:
                            if iv.iter_type == tirx.IterVar.DataPar]
                 reduced = [reads_any(v, parallel) for iv, v in zip(block.iter_vars, node.iter_values)
                            if iv.iter_type != tirx.IterVar.DataPar]
-                if block.iter_vars and (not any(spatial) or any(reduced)):
+                if not any(spatial) or any(reduced):  # a block without iterators: one instance, every thread
                     found.append(block.name_hint)
             visit(block.body, parallel)
             if block.init is not None:

@@ -207,11 +207,13 @@ def _repack_weight(sch: s_tir.Schedule, func: tirx.PrimFunc, conv: _Conv, channe
     if not reads_param():
         source = sch.get(packed).reads[0].source
         producers = [b for b in before if any(w.source.same_as(source) for w in sch.get(b).writes)]
+        inlined = []
         try:
             for block in producers:
                 sch.compute_inline(block)
+                inlined.append(block)
         except (RuntimeError, ValueError):
-            return before
+            return [b for b in before if b not in inlined]
         before = [b for b in before if b not in producers]
     if reads_param():
         sch.annotate(packed, PREPROC, True)

@@ -70,12 +70,11 @@ class CPUMatmul(CPURule):
         sch.reverse_compute_at(accumulate, tile)
         if fuse_epilogue:
             at = infos.index(main)
-            gemm = sch.get(main.block_rv)
             # blocks before the GEMM that only its epilogue reads (a ReLU backward's x < 0) go into the
             # epilogue too: a block moved onto the tile needs every producer under the tile loop
-            side = [i.block_rv for i in infos[:at]
-                    if not any(sch.get(c).same_as(gemm) for c in sch.get_consumers(i.block_rv))]
             epilogue = [info.block_rv for info in infos[at + 1:]]
+            after = [sch.get(b) for b in epilogue]
+            side = [i.block_rv for i in infos[:at] if _only_read_by(sch, i.block_rv, after)]
             for block in inline_into_consumers(sch, side + epilogue) if epilogue else ():
                 sch.reverse_compute_at(block, tile)
                 vectorize_inner(sch, block, lanes)
@@ -86,6 +85,12 @@ class CPUMatmul(CPURule):
         vectorize_inner(sch, init, lanes)
         vectorize_inner(sch, accumulate, lanes)
         return sch
+
+
+def _only_read_by(sch: s_tir.Schedule, block: Any, readers: list[Any]) -> bool:
+    """Whether ``block``'s output is read, and only by ``readers`` (blocks, not their RVs)."""
+    consumers = [sch.get(c) for c in sch.get_consumers(block)]
+    return bool(consumers) and all(any(c.same_as(r) for r in readers) for c in consumers)
 
 
 def _k_block(depth: int | None, rows: int | None, row_bytes: int) -> int | None:
