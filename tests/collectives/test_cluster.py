@@ -155,10 +155,12 @@ def test_the_collective_benchmarks_run_across_two_simulated_hosts(script: str, r
     if (reason := unavailable_reason()) is not None:
         pytest.skip(reason)
     bench = Path(__file__).parents[2] / "benchmarks" / script
-    proc = subprocess.run([sys.executable, str(bench), "--quick", "--nodes", "2", "--rate", "1gbit"],
+    # no rate limit: at 1 Gbit/s the link alone takes minutes of the suite (16 MiB cases); tbf on a
+    # node's link is tested above
+    proc = subprocess.run([sys.executable, str(bench), "--quick", "--nodes", "2"],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
-    assert lines[0] == "# 2 simulated hosts, one rank each, tbf 1gbit"
+    assert lines[0] == "# 2 simulated hosts, one rank each, no rate limit"
     table = [line for line in lines if re.match(r"(allreduce|allgather|reduce_scatter|send/recv|\d+ x )", line)]
     assert len(table) >= rows, proc.stdout
