@@ -37,6 +37,7 @@ demo: $(VENV)/.installed-demo
 # leaving both jobs about as long. Its output is kept in $(RELAY_LOG) and printed when both are done.
 RELAY_LOG := .pytest-relay.log
 MAIN_SECOND := tests/test_benchmarks.py tests/test_tune.py tests/test_cli.py
+PYTEST_MAIN := $(VENV)/bin/python -m pytest -q --durations=15 tests --ignore=tests/relay
 test: $(VENV)/.installed $(VENV_RELAY)/.installed
 	@status=0; \
 	if [ -n "$(TEST_SERIAL)" ]; then \
@@ -49,7 +50,7 @@ test: $(VENV)/.installed $(VENV_RELAY)/.installed
 	    $(VENV)/bin/python -m pytest -q --durations=5 $(MAIN_SECOND) || r=1; exit $$r; } > $(RELAY_LOG) 2>&1 & second=$$!; \
 	  trap 'kill $$second 2>/dev/null' INT TERM; \
 	  $(VENV)/bin/ruff check . || status=1; \
-	  $(VENV)/bin/python -m pytest -q --durations=15 tests --ignore=tests/relay $(addprefix --ignore=,$(MAIN_SECOND)) || status=1; \
+	  $(PYTEST_MAIN) $(addprefix --ignore=,$(MAIN_SECOND)) || status=1; \
 	  wait $$second || status=1; \
 	  echo "----- Relay environment (tests/relay) -----"; cat $(RELAY_LOG); \
 	fi; \
@@ -57,7 +58,7 @@ test: $(VENV)/.installed $(VENV_RELAY)/.installed
 
 test-main: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -q --durations=15 tests --ignore=tests/relay
+	$(PYTEST_MAIN)
 
 test-relay: $(VENV_RELAY)/.installed
 	$(VENV_RELAY)/bin/python -m pytest -q --durations=15 tests/relay

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_collective_combiners.py [--quick]
 
-Launches its own 2 ranks (tvm_combiners.collectives.runtime.launch); rank 0 prints one table.
+Launches its own 2 ranks (tvm_combiners.collectives.runtime.launcher); rank 0 prints one table.
 Each case is one Relax function holding k independent collectives of the given size per rank,
 compiled for llvm and called through the VM: ``before`` as written, ``after`` through
 ``CombineCollectives`` (one pack kernel, one collective, one unpack kernel), ``one op``: a single

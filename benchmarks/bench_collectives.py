@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_collectives.py [--quick]
 
-Launches its own 2 ranks (tvm_combiners.collectives.runtime.launch); rank 0 prints one table. Every
+Launches its own 2 ranks (tvm_combiners.collectives.runtime.launcher); rank 0 prints one table. Every
 op at every size runs twice: over all ranks, and over a group (``[[1, 0]]``: a sub-communicator
 that lists the ranks in the other order; send/recv: one-way pairs ``[[0, 1]]``, rank 0 gets
 zeros). Columns, from the same run, the same buffers (TVM tensors; numpy views of them for

@@ -84,7 +84,7 @@ def main() -> None:
     rows = []
     for n in args.ranks:
         with tempfile.TemporaryDirectory() as tmp:
-            cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", str(n), "--timeout", "300",
+            cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launcher", "-n", str(n), "--timeout", "300",
                    "--", sys.executable, __file__, "--worker", tmp, "--hidden", str(args.hidden), "--width",
                    str(args.width), "--batch", str(args.batch), "--repeat", str(args.repeat)]
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400)

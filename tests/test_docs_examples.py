@@ -85,7 +85,7 @@ def test_the_block_runs(page, line, code, on_ranks, relay, tmp_path, capsys):
         own_stdout = ("import sys\nfrom mpi4py import MPI\n"
                       f"sys.stdout = open(f'{tmp_path}/rank{{MPI.COMM_WORLD.Get_rank()}}.txt', 'w')\n")
         prog.write_text(own_stdout + code)
-        cmd = [python, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "2", "--timeout", "240",
+        cmd = [python, "-m", "tvm_combiners.collectives.runtime.launcher", "-n", "2", "--timeout", "240",
                "--", python, str(prog)]  # fmt: skip
         _run(cmd, 300, env)
         printed = [ln for rank in (0, 1) for ln in (tmp_path / f"rank{rank}.txt").read_text().splitlines()]

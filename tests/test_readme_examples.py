@@ -35,7 +35,7 @@ def test_the_collectives_example_prints_the_same_result_on_both_ranks(readme_blo
                   f"sys.stdout = open(f'{tmp_path}/rank{{MPI.COMM_WORLD.Get_rank()}}.txt', 'w')\n")
     prog = tmp_path / "prog.py"
     prog.write_text(own_stdout + example)
-    cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "2", "--timeout", "240",
+    cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launcher", "-n", "2", "--timeout", "240",
            "--", sys.executable, str(prog)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

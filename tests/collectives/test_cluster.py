@@ -28,19 +28,15 @@ def _run(cluster: SimulatedCluster, argv: list[str], timeout: float = TIMEOUT_S)
     return cluster.run(argv, 2, timeout)  # 2 nodes x 2 ranks
 
 
-def test_the_cluster_module_leaves_the_runtimes_launch_a_function() -> None:
-    """Importing ``runtime.launch`` by path before the package's ``launch`` was read binds the package
-    attribute to the submodule ('module' object is not callable): the cluster module never does."""
-    code = ("import inspect, tvm_combiners.collectives.testing\n"
+def test_the_runtimes_launch_is_the_function_after_the_launcher_module_is_imported() -> None:
+    code = ("import inspect, tvm_combiners.collectives.testing, tvm_combiners.collectives.runtime.launcher\n"
             "from tvm_combiners.collectives.runtime import launch\nassert inspect.isfunction(launch), launch")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 def test_hosts_and_hostfiles_are_read_as_hydra_reads_them(tmp_path: Path) -> None:
-    # imported here: a module-level import of the submodule by path at collection would shadow the
-    # package's launch function for the test modules collected after this one
-    from tvm_combiners.collectives.runtime.launch import host_of_rank, job_hosts, parse_hosts, read_hostfile
+    from tvm_combiners.collectives.runtime.launcher import host_of_rank, job_hosts, parse_hosts, read_hostfile
 
     assert parse_hosts("a:2,b:2") == [("a", 2), ("b", 2)]
     assert parse_hosts("a, b:3") == [("a", 1), ("b", 3)]

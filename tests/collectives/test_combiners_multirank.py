@@ -23,7 +23,7 @@ TIMEOUT_S = 300
 
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_combiners_keep_results_on_n_ranks(n, tmp_path):
-    cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", str(n), "--timeout", str(TIMEOUT_S),
+    cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launcher", "-n", str(n), "--timeout", str(TIMEOUT_S),
            "--", sys.executable, str(PROG), str(tmp_path)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S + 60)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -53,7 +53,7 @@ data = prog.data
 def _launch(n: int, mode: str, out: Path, timeout: float, *options: str,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """The CLI's launcher in a subprocess, with a hard limit of its own above the job's timeout."""
-    cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", str(n), "--timeout",
+    cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launcher", "-n", str(n), "--timeout",
            str(timeout), *options, "--", "python", str(PROG), str(out), mode]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 60, env={**os.environ, **(env or {})})
 
@@ -342,7 +342,7 @@ def test_a_primfunc_copied_per_sharding_keeps_a_symbol_of_its_own() -> None:
 def test_disco_groups_must_divide_the_ranks(tmp_path: Path) -> None:
     """``launch --disco-groups 3 -n 4``: one line, no rank started; the runtime says the same of its
     environment variable, on every rank, at the first collective."""
-    proc = subprocess.run([sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "4",
+    proc = subprocess.run([sys.executable, "-m", "tvm_combiners.collectives.runtime.launcher", "-n", "4",
                            "--disco-groups", "3", "--", "python", str(PROG), str(tmp_path), "runtime"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2

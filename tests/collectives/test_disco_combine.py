@@ -151,7 +151,7 @@ def _expected_transfer(rank: int, i: int) -> np.ndarray:
 def test_on_2_ranks(tmp_path: Path) -> None:
     """Combined transfers are bitwise the uncombined ones (and numpy's shards), mixed dtypes
     included; the MLP with local shards equals the unsharded one on every rank."""
-    cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "2", "--timeout", "240", "--",
+    cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launcher", "-n", "2", "--timeout", "240", "--",
            "python", str(PROG), str(tmp_path)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -25,14 +25,14 @@ TIMEOUT_S = 150
 def launch_prog(prog: Path, n: int, args: list[str], timeout: float, **env: str) -> subprocess.CompletedProcess:
     """``python prog ARGS`` on ``n`` ranks under the CLI's launcher, in a subprocess with a hard limit of its
     own above the job's timeout (room for a loaded machine: a 6 s job took 31 s to end beside other jobs)."""
-    cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", str(n), "--timeout",
+    cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launcher", "-n", str(n), "--timeout",
            str(timeout), "--", "python", str(prog), *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 60, env={**os.environ, **env})
 
 
 def launch_selfcheck(n: int, ir: str, out) -> subprocess.CompletedProcess:
     cmd = [
-        sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", str(n), "--timeout", str(TIMEOUT_S),
+        sys.executable, "-m", "tvm_combiners.collectives.runtime.launcher", "-n", str(n), "--timeout", str(TIMEOUT_S),
         "--", sys.executable, "-m", "tvm_combiners.collectives.selfcheck", "--ir", ir, "--out", str(out),
     ]  # fmt: skip
     return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S + 30)

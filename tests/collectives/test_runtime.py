@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 from test_ops_multirank import launch_prog
 
-from tvm_combiners.collectives.runtime import launch as launch_mod_func
-from tvm_combiners.collectives.runtime.launch import RANK_MAIN, find_mpiexec, rank_command, rank_error
+from tvm_combiners.collectives.runtime import launch
+from tvm_combiners.collectives.runtime.launcher import RANK_MAIN, find_mpiexec, rank_command, rank_error
 from tvm_combiners.collectives.runtime.nccl import choose_path, gpu_identity
 
 PROG = Path(__file__).parent / "progs" / "runtime_prog.py"
@@ -275,7 +275,7 @@ def test_a_send_the_exit_still_waits_for_is_named_at_the_timeout(tmp_path: Path)
         "from tvm_combiners.collectives.runtime import functions as F, rank\n"
         f"if rank() == 0:\n{_UNRECEIVED}")
     # 45 s: two ranks importing TVM on a loaded 2-core machine may take half of that to end their programs
-    proc = subprocess.run([sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "2", "--timeout",
+    proc = subprocess.run([sys.executable, "-m", "tvm_combiners.collectives.runtime.launcher", "-n", "2", "--timeout",
                            "45", "--", "python", "prog.py"], cwd=tmp_path, capture_output=True, text=True, timeout=150,
                           env={**os.environ, "TVM_COMBINERS_SEND_DRAIN_TIMEOUT": "600"})
     assert proc.returncode == 124, proc.stderr[-3000:]
@@ -328,7 +328,7 @@ def test_ranks_that_all_end_with_os_exit_pass(tmp_path: Path) -> None:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_to_the_launcher_ends_every_rank(sig: signal.Signals, tmp_path: Path) -> None:
     """The ranks run in a session of their own: a SIGTERM to the launcher left them busy-polling."""
-    cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "2", "--timeout", "120", "--",
+    cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launcher", "-n", "2", "--timeout", "120", "--",
            "python", str(PROG), str(tmp_path), "hang"]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     rank = f"{sys.executable} {RANK_MAIN} {PROG} {tmp_path} hang"  # a rank's command line (not mpiexec's)
@@ -357,7 +357,7 @@ def test_a_signal_to_the_launcher_ends_every_rank(sig: signal.Signals, tmp_path:
 
 def test_a_sighup_ignored_by_whoever_started_the_launcher_stays_ignored(tmp_path: Path) -> None:
     """Under nohup the job must outlive its terminal: here it runs on until its timeout."""
-    cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "2", "--timeout", "8", "--",
+    cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launcher", "-n", "2", "--timeout", "8", "--",
            "python", str(PROG), str(tmp_path), "hang"]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
@@ -370,7 +370,7 @@ def test_a_sighup_ignored_by_whoever_started_the_launcher_stays_ignored(tmp_path
 def test_a_bare_python_needs_no_python_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``-- python prog.py`` runs this interpreter: where only python3 is on PATH it was refused."""
     monkeypatch.setenv("PATH", str(tmp_path))  # no python here; mpiexec sits beside this interpreter
-    assert launch_mod_func(2, ["python", "-c", "pass"], timeout=60) == 0
+    assert launch(2, ["python", "-c", "pass"], timeout=60) == 0
 
 
 def _processes() -> str:
@@ -481,19 +481,19 @@ def test_runtime_timeouts_from_the_environment_are_checked(monkeypatch: pytest.M
 
 def test_launch_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError, match=r"^tvm-combiners launch: the number of ranks must be a positive integer, got 0$"):
-        launch_mod_func(0, ["python", "x.py"])
+        launch(0, ["python", "x.py"])
     with pytest.raises(ValueError, match=r"^tvm-combiners launch: no command to run: give it after '--'"):
-        launch_mod_func(2, ["--"])
+        launch(2, ["--"])
     for bad in (-1, 0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match=rf"^tvm-combiners launch: the timeout must be a positive, finite number of "
                                              rf"seconds, got {bad:g}$"):
-            launch_mod_func(2, ["python", "x.py"], timeout=bad)
+            launch(2, ["python", "x.py"], timeout=bad)
     with pytest.raises(ValueError, match=r"^tvm-combiners launch: command not found: 'no_such_command_xyz' "):
-        launch_mod_func(2, ["no_such_command_xyz"])
+        launch(2, ["no_such_command_xyz"])
     for argv in (["python", "-"], ["python", "-u"], ["python"]):  # rank 1 waited on its stdin until the timeout
         with pytest.raises(ValueError, match=r"reads its program from stdin, which only rank 0 gets \(the others "
                                              r"would wait for it forever\): put the program in a file$"):
-            launch_mod_func(2, argv)
+            launch(2, argv)
 
 
 def test_a_traceback_a_rank_handled_fails_nothing(tmp_path: Path) -> None:
@@ -501,13 +501,13 @@ def test_a_traceback_a_rank_handled_fails_nothing(tmp_path: Path) -> None:
     failed ("rank 0 failed: KeyError ...") by a job that exited 0."""
     (tmp_path / "prog.py").write_text("import traceback\ntry:\n    raise KeyError('handled')\n"
                                       "except KeyError:\n    traceback.print_exc()\n")
-    proc = subprocess.run([sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "2", "--timeout",
+    proc = subprocess.run([sys.executable, "-m", "tvm_combiners.collectives.runtime.launcher", "-n", "2", "--timeout",
                            "60", "--", "python", "prog.py"], cwd=tmp_path, capture_output=True, text=True, timeout=90)
     assert proc.returncode == 0 and "KeyError: 'handled'" in proc.stderr and "failed" not in proc.stderr, proc.stderr
 
 
 def test_launch_cli_usage_errors() -> None:
-    cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "2", "--"]
+    cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launcher", "-n", "2", "--"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("tvm-combiners: error: launch: no command to run: give it after '--', "
@@ -551,7 +551,7 @@ def test_ranks_find_the_programs_modules_as_under_python_m_mpi4py(tmp_path: Path
     (tmp_path / "sub" / "prog.py").write_text("import sys, comm\nassert comm.WHERE == 'script dir', comm.WHERE\n")
     (tmp_path / "mod.py").write_text("import comm\nassert comm.WHERE == 'cwd', comm.WHERE\n")
     for argv in (["python", "sub/prog.py"], ["python", "-m", "mod"], ["python", "-c", "import mod"]):
-        proc = subprocess.run([sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "1",
+        proc = subprocess.run([sys.executable, "-m", "tvm_combiners.collectives.runtime.launcher", "-n", "1",
                                "--timeout", "60", "--", *argv], cwd=tmp_path, capture_output=True, text=True,
                               timeout=90)
         assert proc.returncode == 0, (argv, proc.stderr)
@@ -576,7 +576,7 @@ def test_a_programs_own_mpi_messages_never_meet_the_runtimes(tmp_path: Path) -> 
         "    world.Recv(mine, source=0)\n"
         "    assert got.tolist() == [1, 2, 3] and mine.tolist() == [-1, -1, -1], (got, mine)\n"
         "    print('ok', flush=True)\n")
-    proc = subprocess.run([sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "2", "--timeout",
+    proc = subprocess.run([sys.executable, "-m", "tvm_combiners.collectives.runtime.launcher", "-n", "2", "--timeout",
                            "60", "--", "python", "prog.py"], cwd=tmp_path, capture_output=True, text=True, timeout=90)
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr
 
@@ -747,14 +747,14 @@ def test_ranks_are_not_all_pinned_to_the_first_core(tmp_path: Path, monkeypatch:
     start = sorted(START_CORES)
     os.sched_setaffinity(0, {start[0]})  # as TVM's pool pins the thread that starts it
     try:
-        assert launch_mod_func(2, ["python", str(prog), str(tmp_path)], timeout=120) == 0
+        assert launch(2, ["python", str(prog), str(tmp_path)], timeout=120) == 0
     finally:
         os.sched_setaffinity(0, START_CORES)
     assert [ast.literal_eval((tmp_path / f"rank{r}").read_text()) for r in range(2)] == [start, start]
 
 
 def test_ranks_share_the_cores_between_their_thread_pools() -> None:
-    from tvm_combiners.collectives.runtime.launch import rank_environment
+    from tvm_combiners.collectives.runtime.launcher import rank_environment
     from tvm_combiners.compile.host import usable_cores
 
     cores = usable_cores()
@@ -796,7 +796,7 @@ def test_native_allreduce_splits_a_count_mpi_cannot_hold(tmp_path: Path) -> None
         "        kernel(x, o, 10, native.DTYPES.index(dt), native.OPS.index(op))\n"
         "        out[f'{dt}_{op}'] = o.numpy()\n"
         "np.savez(f'{sys.argv[1]}/rank{r}.npz', **out)\n")
-    assert launch_mod_func(2, ["python", str(prog), str(tmp_path)], timeout=120) == 0
+    assert launch(2, ["python", str(prog), str(tmp_path)], timeout=120) == 0
     xs = [np.arange(2, 12) * (r + 1) for r in range(2)]
     for r in range(2):
         got = np.load(tmp_path / f"rank{r}.npz")
@@ -829,7 +829,7 @@ def test_float_min_and_max_give_every_rank_the_same_bits(tmp_path: Path) -> None
         "        allreduce_np('t', group('', 't'), x.astype(dt), op, o)\n"
         "        out[f'{dt}_{op}'] = o\n"
         "np.savez(f'{sys.argv[1]}/rank{r}.npz', **out)\n")
-    assert launch_mod_func(2, ["python", str(prog), str(tmp_path)], timeout=120) == 0
+    assert launch(2, ["python", str(prog), str(tmp_path)], timeout=120) == 0
     got = [np.load(tmp_path / f"rank{r}.npz") for r in range(2)]
     for name in got[0].files:
         assert got[0][name].tobytes() == got[1][name].tobytes(), name
@@ -885,7 +885,7 @@ def test_a_process_a_rank_left_running_is_named_and_killed_at_the_timeout(sessio
         f"    child = subprocess.Popen(['sleep', '60'], start_new_session={session == 'own session'})\n"
         "    open('child.pid', 'w').write(str(child.pid))\n")
     try:
-        proc = subprocess.run([sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "2",
+        proc = subprocess.run([sys.executable, "-m", "tvm_combiners.collectives.runtime.launcher", "-n", "2",
                                "--timeout", "10", "--", "python", "prog.py"], cwd=tmp_path, capture_output=True,
                               text=True, timeout=60)
         child = int((tmp_path / "child.pid").read_text())
@@ -919,7 +919,7 @@ def test_a_bad_drain_timeout_fails_the_first_send_not_the_exit(tmp_path: Path) -
 def _launch_two(folder: Path, drain_s: str) -> subprocess.CompletedProcess:
     """``folder``/prog.py on 2 ranks under the launcher (the job's timeout 90 s, a hard limit of 150 s),
     with ``TVM_COMBINERS_SEND_DRAIN_TIMEOUT`` set to ``drain_s``."""
-    return subprocess.run([sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "2", "--timeout",
+    return subprocess.run([sys.executable, "-m", "tvm_combiners.collectives.runtime.launcher", "-n", "2", "--timeout",
                            "90", "--", "python", "prog.py"], cwd=folder, capture_output=True, text=True, timeout=150,
                           env={**os.environ, "TVM_COMBINERS_SEND_DRAIN_TIMEOUT": drain_s})
 
@@ -1036,7 +1036,7 @@ def test_launch_streams_a_ranks_stderr_in_blocks_keeping_its_start_and_end(tmp_p
             pass
 
     monkeypatch.setattr(sys, "stderr", Count())
-    from tvm_combiners.collectives.runtime.launch import _Tail
+    from tvm_combiners.collectives.runtime.launcher import _Tail
 
     tail = _Tail(tmp_path, 1)
     tracemalloc.start()
@@ -1064,7 +1064,7 @@ def test_launch_copies_each_ranks_stdout_in_whole_lines_named_by_rank(tmp_path: 
         "        sys.stdout.flush()\n"
         "sys.stdout.write(f'rank {r} last, no newline')\n")
     for flags, lead in (([], "[rank {r}] "), (["--no-prefix"], "")):
-        proc = subprocess.run([sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "2", *flags,
+        proc = subprocess.run([sys.executable, "-m", "tvm_combiners.collectives.runtime.launcher", "-n", "2", *flags,
                                "--timeout", "60", "--", "python", "prog.py"], cwd=tmp_path, capture_output=True,
                               text=True, timeout=90)
         assert proc.returncode == 0, proc.stderr

@@ -119,7 +119,7 @@ def run_world_test(prog: Path, tmp_path: Path, label: str, ci_programs: int, sec
     count = example_count(ci_programs)
     seed = int(os.environ.get("FUZZ_SEED", random.randrange(2**31))) if is_big_run() else 0
     timeout = 120 + seconds_per_program * count
-    cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", str(ranks), "--timeout", str(timeout),
+    cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launcher", "-n", str(ranks), "--timeout", str(timeout),
            "--", sys.executable, str(prog), str(tmp_path), str(count), str(seed)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 60)
     what = f"{label}, {ranks} ranks, {count} programs, seed {seed} (FUZZ_SEED={seed} reruns them)"

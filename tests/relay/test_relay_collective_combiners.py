@@ -240,7 +240,7 @@ def test_idempotent_names_and_options():
 
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_combiners_keep_results_on_n_ranks_relay(n, tmp_path):
-    cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", str(n), "--timeout", str(TIMEOUT_S),
+    cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launcher", "-n", str(n), "--timeout", str(TIMEOUT_S),
            "--", sys.executable, str(PROG), str(tmp_path)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S + 60)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -497,7 +497,7 @@ def test_match_edge_constrains_every_combiner(factory):
 
 def test_if_branch_collectives_on_2_ranks(tmp_path):
     """Rank-dependent condition: each rank allreduces x or y in its branch, then z and w (combined)."""
-    cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "2", "--timeout", "120",
+    cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launcher", "-n", "2", "--timeout", "120",
            "--", sys.executable, str(PROG), str(tmp_path), "branches"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -388,7 +388,7 @@ def test_order_send_recv_refuses_transfers_it_cannot_order():
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_every_op_on_n_ranks_relay(n, tmp_path):
     cmd = [
-        sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", str(n), "--timeout", str(TIMEOUT_S),
+        sys.executable, "-m", "tvm_combiners.collectives.runtime.launcher", "-n", str(n), "--timeout", str(TIMEOUT_S),
         "--", sys.executable, "-m", "tvm_combiners.collectives.selfcheck", "--ir", "relay", "--out", str(tmp_path),
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S + 30)

@@ -24,7 +24,7 @@ N = 3
 
 
 def test_runtime_under_tvm_016_on_three_ranks(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", str(N), "--timeout", "240",
+    cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launcher", "-n", str(N), "--timeout", "240",
            "--", "python", str(PROG), str(tmp_path)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=270)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -65,7 +65,7 @@ def test_an_error_in_compiled_code_is_reported_with_its_message(tmp_path: Path) 
         "with tvm.transform.PassContext(opt_level=3):\n"
         "    lib = relay.build(mod, target='llvm -mtriple=x86_64-linux-gnu')\n"
         "g = graph_executor.GraphModule(lib['default'](tvm.cpu()))\ng.set_input('x', np.ones(4, 'float32'))\ng.run()\n")
-    cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launch", "-n", "2", "--timeout", "120",
+    cmd = [sys.executable, "-m", "tvm_combiners.collectives.runtime.launcher", "-n", "2", "--timeout", "120",
            "--", "python", str(prog)]
     env = {**os.environ, "TVM_COMBINERS_RECV_TIMEOUT": "2"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150, env=env)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import os
 import sys
@@ -141,23 +140,22 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _load_launch() -> tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]:
-    # the module, not the package's ``launch`` function of the same name
-    launch = importlib.import_module("tvm_combiners.collectives.runtime.launch")
+    from ..collectives.runtime import launcher
     from .examples import EXAMPLES
 
     def add_arguments(parser: argparse.ArgumentParser) -> None:
-        launch.add_arguments(parser)
+        launcher.add_arguments(parser)
         parser.add_argument("--example", choices=list(EXAMPLES), default=None,
                             help="run a packaged example on the N ranks (options after '--' go to the example)")
         parser.add_argument("--json", action="store_true",
                             help="with --example: the job's report as one JSON document on stdout")
 
     def check(args: argparse.Namespace) -> None:
-        launch.resolve(args)
-        launch.check_job(args.np, args.timeout)
-        launch.find_mpiexec()
+        launcher.resolve(args)
+        launcher.check_job(args.np, args.timeout)
+        launcher.find_mpiexec()
 
-    return add_arguments, lambda args: _launch(args, launch.main, check)
+    return add_arguments, lambda args: _launch(args, launcher.main, check)
 
 
 def _launch(args: argparse.Namespace, run_job: Callable[[argparse.Namespace], int],

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -536,6 +535,8 @@ def _params_cell(v: dict[str, Any]) -> str:
 
 
 def render(report: dict[str, Any]) -> str:
+    from .report import note_lines, verdict_line
+
     cfg = report["config"]
     lines = [f"dp-train: {report['ranks']} ranks, BERT-like encoder: {cfg['layers']} layers, hidden {cfg['hidden']}, "
              f"{cfg['heads']} heads, seq {cfg['seq']}; {report['parameters']['count']} gradients "
@@ -561,17 +562,15 @@ def render(report: dict[str, Any]) -> str:
     lines.append("loss per step: full batch, 1 process: " + ", ".join(f"{x:.6f}" for x in report["reference_loss"]))
     for name, v in report["variants"].items():
         lines.append(f"               {name} (mean of ranks): " + ", ".join(f"{x:.6f}" for x in v["loss"]))
-    for name, v in report["variants"].items():
-        for note, count in Counter(v["notes"]).items():
-            lines.append(f"{name}: {note}" + (f" (x{count})" if count > 1 else ""))
-    lines.append("OK: every equality holds" if report["ok"] else "FAILED: " + "; ".join(report["failures"]))
+    lines.extend(note_lines(report["variants"]))
+    lines.append(verdict_line(report))
     return "\n".join(lines)
 
 
 def parser(prog: str = "python -m tvm_combiners.app.examples.dp_train") -> Any:
     """The example's options (``tvm-combiners launch --example dp-train`` checks them with it too)."""
     from ..usage import Parser
-    from .report import add_output_options
+    from .report import add_build_options, add_output_options
 
     p = Parser(prog=prog, description=__doc__.splitlines()[0])
     d = Config()
@@ -584,9 +583,7 @@ def parser(prog: str = "python -m tvm_combiners.app.examples.dp_train") -> Any:
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--optimizer", choices=("sgd", "adam"), default=d.optimizer)
     p.add_argument("--fresh-data", action="store_true", help="a new batch every step (default: the same batch)")
-    p.add_argument("--repeat", type=int, default=d.repeat, help="timed steps per program (median)")
-    p.add_argument("--opt-level", type=int, choices=range(4), default=d.opt_level,
-                   help="LLVM optimization level (0 compiles much faster)")
+    add_build_options(p, d.repeat, d.opt_level, "timed steps per program (median)")
     p.add_argument("--threshold-bytes", type=int, default=None,
                    help="AllReduceCombiner's bucket size in bytes (default: the pass's, 30 MiB)")
     add_output_options(p)

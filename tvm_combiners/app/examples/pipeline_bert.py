@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -400,6 +399,7 @@ def _layers_of(func: Any, st: Stage) -> list[int]:
 def render(report: dict[str, Any]) -> str:
     from ..compare import largest
     from ..text_table import table
+    from .report import note_lines, verdict_line
 
     cfg = report["config"]
     lines = [f"pipeline-bert: {report['model']} on {report['ranks']} ranks, {cfg['micro_batches']} micro-batches "
@@ -422,26 +422,22 @@ def render(report: dict[str, Any]) -> str:
                  f"each timed alone); an ideal pipeline ~{o['ideal_pipeline_ms']:.1f} ms")
     if report["oversubscribed"]:
         lines.append(report["oversubscribed"])
-    for name, v in report["variants"].items():
-        for note, count in Counter(v["notes"]).items():
-            lines.append(f"{name}: {note}" + (f" (x{count})" if count > 1 else ""))
-    lines.append("OK: every equality holds" if report["ok"] else "FAILED: " + "; ".join(report["failures"]))
+    lines.extend(note_lines(report["variants"]))
+    lines.append(verdict_line(report))
     return "\n".join(lines)
 
 
 def parser(prog: str = "python -m tvm_combiners.app.examples.pipeline_bert") -> Any:
     """The example's options (``tvm-combiners launch --example pipeline-bert`` checks them with it too)."""
     from ..usage import Parser
-    from .report import add_output_options
+    from .report import add_build_options, add_output_options
 
     p = Parser(prog=prog, description=__doc__.splitlines()[0])
     d = Config()
     p.add_argument("--seq", type=int, default=d.seq)
     p.add_argument("--micro-batch", type=int, default=d.micro_batch, help="rows per micro-batch")
     p.add_argument("--micro-batches", type=int, default=d.micro_batches, help="at least 2 (so stages overlap)")
-    p.add_argument("--repeat", type=int, default=d.repeat, help="timed runs (median)")
-    p.add_argument("--opt-level", type=int, choices=range(4), default=d.opt_level,
-                   help="LLVM optimization level (0 compiles much faster)")
+    add_build_options(p, d.repeat, d.opt_level)
     p.add_argument("--atol", type=float, default=d.atol, help="allowed max |diff| vs onnxruntime")
     add_output_options(p)
     return p

@@ -183,6 +183,26 @@ def add_output_options(parser: Any) -> None:
     parser.add_argument("--json-out", default=None, metavar="FILE", help="write the JSON document to FILE (rank 0)")
 
 
+def add_build_options(parser: Any, repeat: int, opt_level: int, repeat_help: str = "timed runs (median)") -> None:
+    """The options every example shares: timed runs, LLVM's optimization level."""
+    parser.add_argument("--repeat", type=int, default=repeat, help=repeat_help)
+    parser.add_argument("--opt-level", type=int, choices=range(4), default=opt_level,
+                        help="LLVM optimization level (0 compiles much faster)")
+
+
+def note_lines(variants: dict[str, dict[str, Any]]) -> list[str]:
+    """Each program's notes, once each with their count."""
+    from collections import Counter
+
+    return [f"{name}: {note}" + (f" (x{count})" if count > 1 else "")
+            for name, v in variants.items() for note, count in Counter(v["notes"]).items()]
+
+
+def verdict_line(report: dict[str, Any]) -> str:
+    """The report's last line: OK, or FAILED with every failure."""
+    return "OK: every check holds" if report["ok"] else "FAILED: " + "; ".join(report["failures"])
+
+
 def interleaved_times(calls: dict[str, Callable[[], Any]], repeat: int) -> dict[str, float]:
     """Median seconds of each call, every rank starting together (a barrier before each call).
 

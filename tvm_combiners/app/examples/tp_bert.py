@@ -299,6 +299,7 @@ def run(cfg: Config) -> dict[str, Any]:
 
 def render(report: dict[str, Any]) -> str:
     from ..text_table import table
+    from .report import verdict_line
 
     cfg = report["config"]
     mib = 1 / 2**20
@@ -316,14 +317,14 @@ def render(report: dict[str, Any]) -> str:
                  f"{report['sharded_ms']:.1f} ms")
     if report["oversubscribed"]:
         lines.append(report["oversubscribed"])
-    lines.append("OK: every check holds" if report["ok"] else "FAILED: " + "; ".join(report["failures"]))
+    lines.append(verdict_line(report))
     return "\n".join(lines)
 
 
 def parser(prog: str = "python -m tvm_combiners.app.examples.tp_bert") -> Any:
     """The example's options (``tvm-combiners launch --example tp-bert`` checks them with it too)."""
     from ..usage import Parser
-    from .report import add_output_options
+    from .report import add_build_options, add_output_options
 
     p = Parser(prog=prog, description=__doc__.splitlines()[0])
     d = Config()
@@ -331,9 +332,7 @@ def parser(prog: str = "python -m tvm_combiners.app.examples.tp_bert") -> Any:
     p.add_argument("--batch", type=int, default=d.batch, help="rows per data-parallel group")
     p.add_argument("--tp", type=int, default=d.tp,
                    help="ranks per tensor-parallel group (default: all; it must divide the ranks and the heads)")
-    p.add_argument("--repeat", type=int, default=d.repeat, help="timed runs (median)")
-    p.add_argument("--opt-level", type=int, choices=range(4), default=d.opt_level,
-                   help="LLVM optimization level (0 compiles much faster)")
+    add_build_options(p, d.repeat, d.opt_level)
     p.add_argument("--atol", type=float, default=d.atol, help="allowed max |diff| vs onnxruntime")
     add_output_options(p)
     return p

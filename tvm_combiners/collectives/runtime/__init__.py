@@ -17,13 +17,12 @@ register_overrides()
 
 
 def __getattr__(name: str):
-    # launch is imported on first use so that ``python -m tvm_combiners.collectives.runtime.launch``
-    # does not find its own module already imported (runpy warns about that).
+    # imported on first use: ``python -m tvm_combiners.collectives.runtime.launcher`` must not find its
+    # own module imported already (runpy warns about that)
     if name == "launch":
-        from .launch import launch as func
+        from .launcher import launch
 
-        globals()["launch"] = func  # the submodule import bound the module to this name: rebind it
-        return func
+        return launch
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -250,7 +250,7 @@ def launch_two_ranks(argv: Sequence[str], nodes: int | None = None, rate: str | 
     if nodes is None:
         if rate is not None:
             raise SystemExit("--rate needs --nodes 2")
-        from ..runtime import launch  # the function: importing the submodule by path would shadow it
+        from ..runtime import launch
 
         return launch(2, list(argv), timeout=timeout, prefix=False)
     if nodes != 2:

@@ -680,6 +680,6 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    _parser = argparse.ArgumentParser(prog="python -m tvm_combiners.collectives.runtime.launch", description=__doc__)
+    _parser = argparse.ArgumentParser(prog="python -m tvm_combiners.collectives.runtime.launcher", description=__doc__)
     add_arguments(_parser)
     sys.exit(main(_parser.parse_args()))
