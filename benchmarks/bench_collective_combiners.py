@@ -1,6 +1,6 @@
 """Collective combiners on 2 ranks: many small collectives before and after combining (Relax, llvm).
 
-    .venv/bin/python benchmarks/bench_collective_combiners.py [--quick]
+    .venv/bin/python benchmarks/bench_collective_combiners.py [--quick | --smoke]
 
 Launches its own 2 ranks (tvm_combiners.collectives.runtime.launcher); rank 0 prints one table.
 Each case is one Relax function holding k independent collectives of the given size per rank,
@@ -89,7 +89,7 @@ def _time(comm, fns, calls: int, batches: int) -> list[float]:
     return [comm.allreduce(b, op=MPI.MAX) for b in best]
 
 
-def rank_main(quick: bool) -> None:
+def rank_main(quick: bool, smoke: bool = False) -> None:
     import numpy as np
     from mpi4py import MPI
 
@@ -100,6 +100,9 @@ def rank_main(quick: bool) -> None:
     n = comm.Get_size()
     rows = []
     for name, op, count, nbytes, cap in CASES:
+        if smoke:  # every case's code path at an eighth of its tensors: compiling 256 of them takes most of a run
+            count = max(2, count // 8)
+            name = f"{count}{name[name.index(' x '):]}"
         mod, args = _module(op, count, nbytes, n)
         combined = CB.CombineCollectives(max_op_bytes=cap)(mod)
         one, one_args = _module(op, 1, count * nbytes, n)
@@ -109,8 +112,8 @@ def rank_main(quick: bool) -> None:
         got_b, got_a = before(*args), after(*args)
         for a, b in zip(got_b, got_a):  # the benchmark also checks the combined results
             np.testing.assert_array_equal(a.numpy(), b.numpy())
-        calls = 20 if quick else 200 if count * nbytes <= 1 << 20 else 30
-        batches = 3 if quick else 7
+        calls = 3 if smoke else 20 if quick else 200 if count * nbytes <= 1 << 20 else 30
+        batches = 1 if smoke else 3 if quick else 7
         fns = [lambda f=before, a=args: f(*a), lambda f=single, a=one_args: f(*a), lambda f=floor, a=args: f(*a)]
         if not unchanged:
             fns.append(lambda f=after, a=args: f(*a))
@@ -120,7 +123,8 @@ def rank_main(quick: bool) -> None:
         name += " (unchanged)" if unchanged else ""
         rows.append((name, t_before, t_after, t_one, t_floor))
     if comm.Get_rank() == 0:
-        print(f"2 ranks, llvm, Relax VM, us per call (fastest batch, slower rank); {'quick' if quick else 'full'} run")
+        run = "smoke (not a measurement)" if smoke else "quick" if quick else "full"
+        print(f"2 ranks, llvm, Relax VM, us per call (fastest batch, slower rank); {run} run")
         print(f"{'case':<36}{'before':>10}{'after':>10}{'one op':>10}{'k-tensor VM':>13}{'before/after':>14}{'after/one op':>14}")
         for name, b, a, o, f in rows:
             print(f"{name:<36}{b:>10.1f}{a:>10.1f}{o:>10.1f}{f:>13.1f}{b / a:>13.2f}x{a / o:>13.2f}x")
@@ -128,14 +132,17 @@ def rank_main(quick: bool) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="fewer calls and batches")
+    mode.add_argument("--smoke", action="store_true", help="an eighth of each case's tensors, 3 calls: a test that it runs")
     parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     add_cluster_options(parser)
     args = parser.parse_args()
     if args.rank:
-        rank_main(args.quick)
+        rank_main(args.quick, args.smoke)
         return 0
-    argv = [sys.executable, str(Path(__file__).resolve()), "--rank"] + (["--quick"] if args.quick else [])
+    argv = [sys.executable, str(Path(__file__).resolve()), "--rank"] + (["--quick"] if args.quick else []) \
+        + (["--smoke"] if args.smoke else [])
     return launch_two_ranks(argv, args.nodes, args.rate)  # rank 0 alone prints the table
 
 

@@ -15,7 +15,7 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 # script -> the smallest run that still prints every column (tens of seconds at most on 2 cores)
 SMOKE = {
     "bench_collectives.py": ["--quick"],
-    "bench_collective_combiners.py": ["--quick"],
+    "bench_collective_combiners.py": ["--smoke"],
     "bench_dp_train.py": ["--quick"],
     "bench_collective_pass_scaling.py": ["--sizes", "10", "--ir", "both"],
     "bench_pass_scaling.py": ["--sizes", "10", "--bert-layers", "", "--ir", "both"],

@@ -153,7 +153,8 @@ def test_the_collective_benchmarks_run_across_two_simulated_hosts(script: str, r
     bench = Path(__file__).parents[2] / "benchmarks" / script
     # no rate limit: at 1 Gbit/s the link alone takes minutes of the suite (16 MiB cases); tbf on a
     # node's link is tested above
-    proc = subprocess.run([sys.executable, str(bench), "--quick", "--nodes", "2"],
+    smoke = "--smoke" if script == "bench_collective_combiners.py" else "--quick"
+    proc = subprocess.run([sys.executable, str(bench), smoke, "--nodes", "2"],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
