@@ -12,6 +12,7 @@ from tvm.target import Target
 from tvm.target.codegen import target_has_features
 
 from .common import (
+    PREPROC,
     SCALAR_CALLS,
     WITH_EPILOGUE_THEN_WITHOUT,
     CPURule,
@@ -25,7 +26,6 @@ from .injective import is_spatial, parallel_outer, root_blocks, schedule_injecti
 
 # The block annotation TVM's SplitLayoutRewritePreproc splits into a function of its own (which
 # FoldConstant then runs once at compile time where the weight is a constant).
-PREPROC = "meta_schedule.layout_rewrite_preproc"
 # Vector registers the accumulators of one tile may take: one broadcast input register stays free
 # and the weight vectors are FMA memory operands (x86 has 16 vector registers, 32 with AVX-512).
 ACCUMULATORS = {16: 14, 32: 28}
