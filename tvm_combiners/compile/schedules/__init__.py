@@ -9,7 +9,7 @@ rule has scheduled a function, in this order:
   function computed on each tile (or column block) while it is in cache.
 - :class:`~.gemv.CPUGemv`: GEMMs of one row (a classifier's fully connected layer), which
   CPUMatmul declines: column blocks of the weight streamed once, accumulated in registers.
-- :class:`~.conv2d.CPUConv2D`: NCHW convolutions (strided, dilated, grouped, depthwise) and
+- :class:`~.conv2d.CPUConv2D`: NCHW and NHWC convolutions (strided, dilated, grouped, depthwise) and
   conv2d_transpose, output channels in vector registers over a segment of an output row, the weight
   repacked once (a depthwise convolution's input packed by channel vectors too), the epilogue
   (SiLU included) computed on each tile.
