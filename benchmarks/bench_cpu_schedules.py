@@ -1,7 +1,7 @@
 """Default CPU schedules: TVM's llvm pipeline as it is (naive loops) vs with ours, beside onnxruntime.
 
     .venv/bin/python benchmarks/bench_cpu_schedules.py [--models minilm,bert-base,googlenet,resnet50,...]
-        [--rounds 6] [--repeat 5] [--image 224] [--functions 0]
+        [--rounds 6] [--repeat 5] [--image 224] [--functions 0] [--no-naive]
 
 For each model (batch 1; transformers at seq 128, CNNs on ``--image`` x ``--image`` images): the
 baseline compiled with TVM's own llvm pipeline, the baseline and the combined module (stacked)
@@ -59,17 +59,18 @@ def _ratio(rounds: list[float]) -> str:
     return f"{np.median(rounds):.2f}x ({min(rounds):.2f}-{max(rounds):.2f})"
 
 
-def measure(path: str, rounds: int, repeat: int, functions: int = 0) -> list[str]:
+def measure(path: str, rounds: int, repeat: int, functions: int = 0, naive: bool = True) -> list[str]:
     model = loader.prepare_onnx(loader.load_onnx(path), 1, 128)
     inputs = loader.example_inputs(model, 1, 128)
     reference = loader.run_onnxruntime(model, inputs)
     mod = loader.import_relax(model)[0]
     target = runner.make_target("llvm")
     builds = {
-        "naive": runner.compile_module(mod, "llvm", cpu_pipeline(target, schedules=False)),
+        "naive": runner.compile_module(mod, "llvm", cpu_pipeline(target, schedules=False)) if naive else None,
         "baseline": runner.compile_module(mod, "llvm"),
         "combined": runner.compile_module(CombineParallelOps(to_batch=True)(mod), "llvm"),
     }
+    builds = {name: built for name, built in builds.items() if built is not None}
     args = list(inputs.values())
     for name, built in builds.items():
         diff = max(float(np.abs(a - b).max()) for a, b in zip(runner.run_vm(built, args), reference))
@@ -79,17 +80,18 @@ def measure(path: str, rounds: int, repeat: int, functions: int = 0) -> list[str
     for r in range(rounds):  # the naive build runs for seconds: once a round
         print(f"# round {r + 1}/{rounds}", file=sys.stderr, flush=True)
         order = ["naive", "baseline", "combined", "ort"] if r % 2 == 0 else ["naive", "ort", "combined", "baseline"]
-        for name in order:  # onnxruntime in every round too: each ratio compares runs under the same load
+        for name in (n for n in order if n in times):  # onnxruntime in every round too: each ratio compares runs under the same load
             if name == "ort":
                 times[name].append(loader.time_onnxruntime(model, inputs, repeat=repeat))
             else:
                 times[name].append(runner.time_vm(builds[name], args, number=1 if name == "naive" else repeat))
-    naive, base, comb, ort = (np.array(times[n]) for n in times)
+    base, comb, ort = (np.array(times[n]) for n in ("baseline", "combined", "ort"))
     if functions:
         for line in slowest_functions(mod, target, functions):
             print(f"# {Path(path).stem}: {line}")
-    return [f"{np.median(naive) * 1e3:.1f}", f"{np.median(base) * 1e3:.2f}", f"{np.median(comb) * 1e3:.2f}",
-            f"{np.median(ort) * 1e3:.2f}", _ratio(list(naive / base)), _ratio(list(base / comb)),
+    slow = np.array(times["naive"]) if naive else None
+    return [f"{np.median(slow) * 1e3:.1f}" if naive else "-", f"{np.median(base) * 1e3:.2f}", f"{np.median(comb) * 1e3:.2f}",
+            f"{np.median(ort) * 1e3:.2f}", _ratio(list(slow / base)) if naive else "-", _ratio(list(base / comb)),
             _ratio(list(base / ort))]
 
 
@@ -140,6 +142,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5, help="timed runs per scheduled module a round (median)")
     parser.add_argument("--image", type=int, default=224, help="the CNNs' input height and width (default 224)")
     parser.add_argument("--functions", type=int, default=0, help="list the N slowest fused functions of each model")
+    parser.add_argument("--no-naive", action="store_true",
+                        help="leave out TVM's own llvm pipeline (its loops run for seconds to minutes a round)")
     args = parser.parse_args()
     keys = [k.strip() for k in args.models.split(",") if k.strip()]
     unknown = [k for k in keys if k not in MODELS]
@@ -154,7 +158,8 @@ def main() -> None:
         for key in keys:
             size = f"{args.image}x{args.image}" if key in CNNS else "s128"
             path = _model(key, Path(tmp), args.image)
-            rows.append([f"{MODELS[key]} b1 {size}", *measure(path, args.rounds, args.repeat, args.functions)])
+            rows.append([f"{MODELS[key]} b1 {size}",
+                         *measure(path, args.rounds, args.repeat, args.functions, naive=not args.no_naive)])
             print("# " + " | ".join(rows[-1]), file=sys.stderr, flush=True)
     print(f"llvm ({runner.make_target('llvm').attrs['mcpu']}), untuned; onnxruntime with TVM's thread count "
           f"({loader.cpu_threads()}); combined: stacked (the job's default); ratios > 1: the second is faster")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tvm
 from cpu_matrix import cpus
-from helpers import make_module
+from helpers import check_scheduled, make_module
 from tvm import relax
 from tvm.script import tirx as T
 
@@ -222,8 +222,10 @@ def test_every_gemm_of_the_default_bert_is_scheduled_and_a_tuning_database_leave
     from tvm_combiners.models.loader import default_model_path
 
     mod = import_relax(prepare_onnx(load_onnx(default_model_path()), 1, 16))[0]
-    scheduled = _scheduled(mod)
+    scheduled = {name: done for name, done in _scheduled(mod).items() if "weight_prepack" not in name}
     assert len(scheduled) == 6 and all(scheduled.values()), scheduled  # QKV, scores, context, out, two FFN
+    # the four whose B is a weight read it repacked (scores and context multiply activations)
+    assert sorted(name.endswith("_prepacked") for name in scheduled) == [False] * 2 + [True] * 4, scheduled
     target = make_target("llvm")
     database = ms.database.MemoryDatabase()  # no records: what a tuned build leaves untuned gets the defaults
     with target, database:
@@ -231,7 +233,7 @@ def test_every_gemm_of_the_default_bert_is_scheduled_and_a_tuning_database_leave
     scheduled = {gv.name_hint: bool(f.attrs.get("tirx.is_scheduled", False))
                  for gv, f in lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
     assert scheduled["layer_norm"] and scheduled["softmax"]  # CPUReduction (not over a leading axis: the next test)
-    assert sum(v for k, v in scheduled.items() if "matmul" in k) == 6
+    assert sum(v for k, v in scheduled.items() if "matmul" in k and "weight_prepack" not in k) == 6
 
 
 @pytest.mark.parametrize("body, want", [
@@ -406,3 +408,40 @@ def test_sigmoid_is_a_vectorizable_approximation_on_llvm_that_keeps_nan(dtype, t
     cuda = make_target("cuda")
     with cuda:
         assert "T.sigmoid(" in str(tvm.transform.Sequential(fusion_passes(cuda))(mod))  # cuda: TVM's own
+
+
+def _constant_shapes(func: relax.Function) -> list[tuple[int, ...]]:
+    shapes: list[tuple[int, ...]] = []
+    relax.analysis.post_order_visit(func, lambda e: shapes.append(tuple(e.value.shape))
+                                    if isinstance(e, tvm.ir.expr.GenericConst) else None)
+    return shapes
+
+
+@pytest.mark.parametrize("x_shape, w_shape", [((16, 512), (512, 64)), ((2, 3, 12, 8), (2, 3, 8, 32))],
+                         ids=["2-d, K blocked", "batched"])
+def test_a_constant_b_is_read_as_column_panels_repacked_at_compile_time(x_shape, w_shape):
+    """B[..., K, N] -> [..., N / width, K, width] for every CPU, width the tile's (two of the CPU's
+    vectors where two divide N): each tile reads its panel contiguously. Computed right here."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal(w_shape).astype(F32)
+    mod = make_module({"x": (x_shape, F32)}, lambda bb, x: bb.emit(R.nn.relu(bb.emit(R.matmul(x, relax.const(w))))))
+    *batch, k, n = w_shape
+    for cpu in cpus():
+        lanes = _float_lanes(cpu)
+        width = 2 * lanes if n % (2 * lanes) == 0 else lanes
+        lowered = _fused(mod, default_schedules(), cpu=cpu)
+        assert _constant_shapes(lowered["main"]) == [(*batch, n // width, k, width)], cpu
+        assert not any(f.attrs and "tvm_combiners.constant_params" in f.attrs for f in lowered.functions.values())
+    x = rng.standard_normal(x_shape).astype(F32)
+    check_scheduled(mod, np.maximum(x @ w, 0), [x])
+
+
+def test_a_b_passed_in_keeps_its_layout():
+    """A weight the caller passes (not a constant) would be repacked on every call: it is read as it is."""
+    mod = make_module({"x": ((16, 512), F32), "w": ((512, 64), F32)}, lambda bb, x, w: bb.emit(R.matmul(x, w)))
+    lowered = _fused(mod, default_schedules())
+    text = lowered.script()
+    assert "layout_rewrite_preproc" not in text and _constant_shapes(lowered["main"]) == []
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((16, 512)).astype(F32), rng.standard_normal((512, 64)).astype(F32)
+    check_scheduled(mod, x @ w, [x, w])

@@ -52,6 +52,24 @@ def pool_numpy(x: np.ndarray, kernel: int, stride: int, padding: int, kind: str,
     return out if layout == "NCHW" else out.transpose(0, 2, 3, 1)
 
 
+NHWC = {"data_layout": "NHWC", "kernel_layout": "HWIO", "out_layout": "NHWC"}
+# from NCHW and OIHW to each layout, and back
+PERMUTATIONS = {"NCHW": (0, 1, 2, 3), "NHWC": (0, 2, 3, 1), "OIHW": (0, 1, 2, 3), "HWIO": (2, 3, 1, 0),
+                "OHWI": (0, 2, 3, 1)}
+
+
+def _to(layout: str, shape: tuple) -> tuple:
+    return tuple(shape[i] for i in PERMUTATIONS[layout])
+
+
+def _from(layout: str, a: np.ndarray) -> np.ndarray:
+    return a.transpose(np.argsort(PERMUTATIONS[layout]))
+
+
+def _layouts(attrs: dict) -> tuple[str, str]:
+    return attrs.get("data_layout", "NCHW"), attrs.get("kernel_layout", "OIHW")
+
+
 # name -> (input shape, weight shape, conv2d attributes, epilogue, the form the rule takes or None)
 CONVS = {
     "3x3, bias relu": ((1, 8, 10, 10), (32, 8, 3, 3), {"padding": 1}, "bias relu", "channels"),
@@ -81,18 +99,30 @@ CONVS = {
     # no vector divides 6 channels; a multiplier of 2 reads each input channel for two outputs
     "depthwise, 6 channels": ((1, 6, 8, 8), (6, 1, 3, 3), {"groups": 6, "padding": 1}, "bias relu", None),
     "depthwise x2, stride 2": ((1, 8, 9, 9), (16, 1, 3, 3), {"groups": 8, "strides": 2}, "none", None),
+    # NHWC (shapes above in NCHW and OIHW, transposed to the layouts named)
+    "NHWC x HWIO 3x3, bias relu": ((1, 8, 10, 10), (32, 8, 3, 3), {"padding": 1, **NHWC}, "bias relu", "channels"),
+    "NHWC x OHWI, stride 2, dilation 2": ((1, 8, 13, 13), (16, 8, 3, 3), {"strides": 2, "dilation": 2, "padding": 2,
+                                                                        **NHWC, "kernel_layout": "OHWI"}, "none",
+                                          "channels"),
+    "NHWC x OIHW, 1x1 residual": ((2, 16, 7, 7), (32, 16, 1, 1), {**NHWC, "kernel_layout": "OIHW"}, "residual relu",
+                                  "channels"),
+    "NHWC, 2 groups": ((1, 16, 8, 8), (32, 8, 3, 3), {"groups": 2, "padding": 1, **NHWC}, "bias relu", "channels"),
+    "NHWC depthwise 5x5 stride 2, silu": ((1, 32, 15, 15), (32, 1, 5, 5), {"groups": 32, "strides": 2, "padding": 2,
+                                                                         **NHWC}, "silu", "depthwise"),
+    "NHWC, 6 outputs (no vector divides)": ((1, 16, 8, 8), (6, 16, 3, 3), {"padding": 1, **NHWC}, "none", None),
 }
 
 
 def _conv_module(name: str) -> tvm.IRModule:
     shape, weight, attrs, epilogue, _ = CONVS[name]
-    params = {"x": (shape, F32), "w": (weight, F32)}
+    data, kernel = _layouts(attrs)
+    params = {"x": (_to(data, shape), F32), "w": (_to(kernel, weight), F32)}
     out_shape = tuple(conv2d_numpy(np.zeros(shape), np.zeros(weight), attrs.get("strides", 1), attrs.get("padding", 0),
                                    attrs.get("dilation", 1), attrs.get("groups", 1)).shape)
     if epilogue == "bias relu":
-        params["b"] = ((1, weight[0], 1, 1), F32)
+        params["b"] = (_to(data, (1, weight[0], 1, 1)), F32)
     elif epilogue == "residual relu":
-        params["r"] = (out_shape, F32)
+        params["r"] = (_to(data, out_shape), F32)
 
     def body(bb, x, w, *other):  # noqa: ANN001, ANN202
         y = bb.emit(R.nn.conv2d(x, w, **attrs))
@@ -105,11 +135,14 @@ def _conv_module(name: str) -> tvm.IRModule:
 
 def _conv_numpy(name: str, x: np.ndarray, w: np.ndarray, *other: np.ndarray) -> np.ndarray:
     _, _, attrs, epilogue, _ = CONVS[name]
-    y = conv2d_numpy(x, w, attrs.get("strides", 1), attrs.get("padding", 0), attrs.get("dilation", 1),
-                     attrs.get("groups", 1))
+    data, kernel = _layouts(attrs)
+    y = conv2d_numpy(_from(data, x), _from(kernel, w), attrs.get("strides", 1), attrs.get("padding", 0),
+                     attrs.get("dilation", 1), attrs.get("groups", 1))
     if epilogue == "silu":
-        return y / (1 + np.exp(-y))
-    return np.maximum(y + other[0], 0) if other else y
+        y = y / (1 + np.exp(-y))
+    elif other:
+        y = np.maximum(y + _from(data, other[0]), 0)
+    return _from(data, y) if data == "NCHW" else y.transpose(PERMUTATIONS[data])
 
 
 def _inputs(mod: tvm.IRModule, seed: int = 0) -> list[np.ndarray]:
@@ -250,7 +283,7 @@ def test_a_constant_weight_is_repacked_at_compile_time():
     check_scheduled(mod, np.maximum(conv2d_numpy(x, weight, padding=1), 0), [x])
 
 
-@pytest.mark.parametrize("form", ["int8 x int8 -> int32", "NHWC", "symbolic batch"])
+@pytest.mark.parametrize("form", ["int8 x int8 -> int32", "symbolic batch"])
 def test_other_convolutions_keep_their_loops_and_compute_right(form):
     rng = np.random.default_rng(0)
     if form == "int8 x int8 -> int32":  # mixed dtypes: declined, TVM's loops
@@ -258,11 +291,6 @@ def test_other_convolutions_keep_their_loops_and_compute_right(form):
                           lambda bb, x, w: bb.emit(R.nn.conv2d(x, w, padding=1, out_dtype="int32")))
         inputs = [rng.integers(-128, 128, s).astype("int8") for s in ((1, 8, 6, 6), (16, 8, 3, 3))]
         want = conv2d_numpy(*inputs, padding=1)
-    elif form == "NHWC":
-        mod = make_module({"x": ((1, 6, 6, 8), F32), "w": ((16, 8, 3, 3), F32)},
-                          lambda bb, x, w: bb.emit(R.nn.conv2d(x, w, padding=1, data_layout="NHWC", out_layout="NHWC")))
-        inputs = _inputs(mod)
-        want = conv2d_numpy(inputs[0].transpose(0, 3, 1, 2), inputs[1], padding=1).transpose(0, 2, 3, 1)
     else:
         mod = make_module({"x": ((tvm.tirx.Var("n", "int64"), 8, 6, 6), F32), "w": ((16, 8, 3, 3), F32)},
                           lambda bb, x, w: bb.emit(R.nn.conv2d(x, w, padding=1)))

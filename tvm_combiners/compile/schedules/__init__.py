@@ -9,7 +9,7 @@ rule has scheduled a function, in this order:
   function computed on each tile (or column block) while it is in cache.
 - :class:`~.gemv.CPUGemv`: GEMMs of one row (a classifier's fully connected layer), which
   CPUMatmul declines: column blocks of the weight streamed once, accumulated in registers.
-- :class:`~.conv2d.CPUConv2D`: NCHW convolutions (strided, dilated, grouped, depthwise) and
+- :class:`~.conv2d.CPUConv2D`: NCHW and NHWC convolutions (strided, dilated, grouped, depthwise) and
   conv2d_transpose, output channels in vector registers over a segment of an output row, the weight
   repacked once (a depthwise convolution's input packed by channel vectors too), the epilogue
   (SiLU included) computed on each tile.
@@ -36,7 +36,8 @@ import tvm
 from tvm import relax, s_tir, tirx
 from tvm.s_tir import dlight
 
-from .conv2d import PREPROC, CPUConv2D
+from .common import CONSTANT_PARAMS, PREPROC
+from .conv2d import CPUConv2D
 from .gemv import CPUGemv
 from .injective import CPUInjective, root_blocks
 from .matmul import CPUMatmul
@@ -53,8 +54,46 @@ def default_schedules() -> tvm.transform.Pass:
     """The CPU rules over every function no database or earlier rule has scheduled, then each
     weight repacking a schedule asked for split into a function of its own and, for a constant
     weight, computed at compile time."""
-    return tvm.transform.Sequential([dlight.ApplyDefaultSchedule(*cpu_rules()), hoist_weight_repacks()],
+    return tvm.transform.Sequential([mark_constant_params(), dlight.ApplyDefaultSchedule(*cpu_rules()),
+                                     unmark_constant_params(), hoist_weight_repacks()],
                                     name="tvm_combiners.DefaultSchedules")
+
+
+def mark_constant_params() -> tvm.transform.Pass:
+    """Each PrimFunc called with a constant argument gets the indices of those parameters
+    (``CONSTANT_PARAMS``; those constant at every call): a rule repacks such a weight for free."""
+
+    def mark(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        call_tir = tvm.ir.Op.get("relax.call_tir")
+        constant: dict[tvm.ir.GlobalVar, set[int]] = {}
+
+        def visit(expr: relax.Expr) -> None:
+            if isinstance(expr, relax.Call) and expr.op.same_as(call_tir) and isinstance(expr.args[1], relax.Tuple):
+                gv = expr.args[0]
+                here = {i for i, arg in enumerate(expr.args[1].fields) if isinstance(arg, tvm.ir.expr.GenericConst)}
+                constant[gv] = constant[gv] & here if gv in constant else here
+
+        for func in mod.functions.values():
+            if isinstance(func, relax.Function):
+                relax.analysis.post_order_visit(func, visit)
+        for gv, indices in constant.items():
+            if indices and isinstance(mod[gv], tirx.PrimFunc):
+                mod[gv] = mod[gv].with_attr(CONSTANT_PARAMS, sorted(indices))
+        return mod
+
+    return tvm.transform.module_pass(mark, opt_level=0, name="tvm_combiners.MarkConstantParams")
+
+
+def unmark_constant_params() -> tvm.transform.Pass:
+    """``CONSTANT_PARAMS`` taken off again: only the rules read it."""
+
+    def unmark(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        for gv, func in list(mod.functions.items()):
+            if isinstance(func, tirx.PrimFunc) and func.attrs is not None and CONSTANT_PARAMS in func.attrs:
+                mod[gv] = func.without_attr(CONSTANT_PARAMS)
+        return mod
+
+    return tvm.transform.module_pass(unmark, opt_level=0, name="tvm_combiners.UnmarkConstantParams")
 
 
 def hoist_weight_repacks() -> tvm.transform.Pass:

@@ -19,6 +19,20 @@ SCALAR_CALLS = frozenset(f"tirx.{name}" for name in (
     "sigmoid", "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "fmod"))
 
 
+#: The annotation of a block that repacks a weight: TVM's SplitLayoutRewritePreproc splits it into a
+#: function of its own, which FoldConstant computes at compile time where the weight is a constant.
+PREPROC = "meta_schedule.layout_rewrite_preproc"
+#: A PrimFunc attribute: the indices of the parameters every call passes a constant
+#: (:func:`~tvm_combiners.compile.schedules.mark_constant_params`).
+CONSTANT_PARAMS = "tvm_combiners.constant_params"
+
+
+def constant_param(func: tirx.PrimFunc, buffer: Any) -> bool:
+    """Whether ``buffer`` is a parameter of ``func`` that every call passes a constant."""
+    indices = (func.attrs or {}).get(CONSTANT_PARAMS, ())
+    return any(buffer.same_as(func.params[int(i)]) for i in indices if int(i) < len(func.params))
+
+
 class CPURule(dlight.ScheduleRule):
     """A rule for llvm targets: ``_schedule(func, target, *attempt)`` for each of ``ATTEMPTS`` in turn.
 

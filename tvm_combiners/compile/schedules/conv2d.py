@@ -1,5 +1,5 @@
-"""The NCHW conv2d rule: output channels in vector registers, a segment of an output row per tile
-(depthwise convolutions too, their input packed so that a tap of a channel vector is one load)."""
+"""The conv2d rule (NCHW and NHWC): output channels in vector registers, a segment of an output row
+per tile (depthwise convolutions too, an NCHW input packed so that a tap of a channel vector is one load)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from tvm.target import Target
 from tvm.target.codegen import target_has_features
 
 from .common import (
+    PREPROC,
     SCALAR_CALLS,
     WITH_EPILOGUE_THEN_WITHOUT,
     CPURule,
@@ -25,7 +26,6 @@ from .injective import is_spatial, parallel_outer, root_blocks, schedule_injecti
 
 # The block annotation TVM's SplitLayoutRewritePreproc splits into a function of its own (which
 # FoldConstant then runs once at compile time where the weight is a constant).
-PREPROC = "meta_schedule.layout_rewrite_preproc"
 # Vector registers the accumulators of one tile may take: one broadcast input register stays free
 # and the weight vectors are FMA memory operands (x86 has 16 vector registers, 32 with AVX-512).
 ACCUMULATORS = {16: 14, 32: 28}
@@ -54,10 +54,13 @@ class _Conv:
     width: int  # output width
     stride: int | None  # the input columns between two output columns (None: not a constant)
     bits: int  # the accumulator dtype's bits
+    layout: str = "NCHW"  # the input's and output's: NCHW or NHWC
+    weight_axes: tuple[int, ...] = (0, 1, 2, 3)  # where the weight's output, input channel, row, column are
 
 
 class CPUConv2D(CPURule):
-    """``conv2d`` in NCHW with an OIHW weight, any stride, padding and dilation, with groups.
+    """``conv2d`` in NCHW or NHWC, the weight in any layout (OIHW, HWIO, OHWI), any stride, padding
+    and dilation, with groups.
 
     Where a vector of the target divides a group's output channels, a tile is ``TILE_VECTORS``
     channel-vectors by a segment of an output row, accumulated in registers over every input
@@ -66,7 +69,7 @@ class CPUConv2D(CPURule):
     TVM's SplitLayoutRewritePreproc splits off, and FoldConstant computes once for a constant weight).
     Where none divides them but a group has ``WIDTH_FORM_MIN_INPUTS`` input channels or more, a
     tile is a segment of one channel's output row (in vectors where one divides the width, else an
-    unrolled run of scalars). Channel blocks and rows run in parallel; the padding is a loop nest of
+    unrolled run of scalars; NCHW only: in NHWC a row's elements are a channel apart). Channel blocks and rows run in parallel; the padding is a loop nest of
     its own; the elementwise epilogue FuseOps put in the function is computed on each tile as it
     leaves registers. conv2d_transpose takes the same form: LegalizeOps writes it as a convolution
     of the zero-stuffed, padded input with the flipped kernel, which the repack computes (once, for
@@ -75,9 +78,10 @@ class CPUConv2D(CPURule):
     A depthwise convolution (one input channel a group, one output each) has no input element to
     broadcast: where a vector divides its channels, a tile is one channel-vector by a segment of an
     output row, the padded input packed as ``[N, C / lanes, H, W, lanes]`` in one pass, so that each
-    tap of the vector is one load (at any stride) and one FMA with the tap's weight vector. Where the
-    stride is 1 and rows have ``DEPTHWISE_ROWS_MIN_WIDTH`` outputs, it takes the row form instead
-    (vectors along the row, the weight a broadcast per tap, the input read as it is). The epilogue's
+    tap of the vector is one load (at any stride) and one FMA with the tap's weight vector (an NHWC
+    input is read as it is: its channel vectors are contiguous already). Where the stride is 1 and
+    NCHW rows have ``DEPTHWISE_ROWS_MIN_WIDTH`` outputs, it takes the row form instead (vectors along
+    the row, the weight a broadcast per tap, the input read as it is). The epilogue's
     intermediate blocks are inlined into their consumers first, so that SiLU (``z * sigmoid(z)``)
     reaches the tile as one block reading ``z`` twice. Other groups of fewer inputs (a channel
     multiplier of 2), mixed dtypes, symbolic sizes, other layouts and other functions are declined:
@@ -95,6 +99,10 @@ class CPUConv2D(CPURule):
         conv = _conv_form(sch, reductions[0])
         if conv is None:
             return None
+        nhwc = conv.layout == "NHWC"
+        if nhwc:  # the loops in NCHW's order: the tiles below are the same, the output's layout already the tile's
+            n, y, x, f, ry, rx, rc = sch.get_loops(conv.block)
+            sch.reorder(n, f, y, x, rc, ry, rx)
         position = [sch.get(b).same_as(sch.get(conv.block)) for b in blocks].index(True)
         before, after = blocks[:position], blocks[position + 1:]
         if not all(is_spatial(sch, b) for b in before + after):
@@ -102,18 +110,18 @@ class CPUConv2D(CPURule):
         registers = 32 if target_has_features("avx512f", target) else 16
         lanes = vector_lanes(target, conv.bits, conv.per_group)
         depthwise = conv.group_inputs == conv.per_group == 1
-        rows = (depthwise and conv.stride == 1 and conv.width >= DEPTHWISE_ROWS_MIN_WIDTH
+        rows = (not nhwc and depthwise and conv.stride == 1 and conv.width >= DEPTHWISE_ROWS_MIN_WIDTH
                 and vector_lanes(target, conv.bits, conv.width) is not None)
         if depthwise and not rows:  # vectors of channels, each tap a load of the packed input
             lanes = vector_lanes(target, conv.bits, conv.channels)
         channel_form = lanes is not None
-        if channel_form and depthwise:
-            before = _pack_input(sch, conv, lanes)
+        if channel_form and depthwise:  # NHWC's input has its channel vectors contiguous already
+            before = before if nhwc else _pack_input(sch, conv, lanes)
             tile = _channel_tiles(sch, conv, lanes, registers, 1)
         elif channel_form:
             vectors = TILE_VECTORS if conv.per_group % (lanes * TILE_VECTORS) == 0 else 1
             tile = _channel_tiles(sch, conv, lanes, registers, vectors)
-        elif conv.group_inputs >= WIDTH_FORM_MIN_INPUTS or rows:
+        elif not nhwc and (conv.group_inputs >= WIDTH_FORM_MIN_INPUTS or rows):
             tile = _width_tiles(sch, conv, target, registers)
         else:
             return None
@@ -121,7 +129,7 @@ class CPUConv2D(CPURule):
         if channel_form:
             before = _repack_weight(sch, func, conv, vector, before)
         accumulate = sch.cache_write(conv.block, 0, "local")
-        if channel_form:  # the tile's channels innermost, as the registers hold them
+        if channel_form and not nhwc:  # the tile's channels innermost, as the registers hold them
             sch.transform_layout(conv.block, ("write", 0), lambda n, f, y, x: (n, y, x, f))
         sch.reverse_compute_at(accumulate, outer)
         pending = list(after)
@@ -198,7 +206,9 @@ def _repack_weight(sch: s_tir.Schedule, func: tirx.PrimFunc, conv: _Conv, channe
     that the kernel too is computed once. Where it cannot be, the repack stays in the function.
     """
     packed = sch.cache_read(conv.block, conv.weight, "global")
-    sch.transform_layout(packed, ("write", 0), lambda o, i, h, w: (o // channels, i, h, w, o % channels))
+    o, i, h, w = conv.weight_axes
+    sch.transform_layout(packed, ("write", 0),
+                         lambda *axes: (axes[o] // channels, axes[i], axes[h], axes[w], axes[o] % channels))
     params = list(func.params)  # the function's buffers
 
     def reads_param() -> bool:
@@ -261,10 +271,17 @@ def _same_region(read: Any, write: Any) -> bool:
         a.min.same_as(b.min) and int(a.extent) == 1 == int(b.extent) for a, b in zip(read.region, write.region))
 
 
+# The block's iterators as LegalizeOps writes each layout (n, f, y, x spatial; rc, ry, rx reduced),
+# and where the input's channel, row and column are among its indices.
+_ITERATORS = {"NCHW": ("n", "f", "y", "x", "rc", "ry", "rx"), "NHWC": ("n", "y", "x", "f", "ry", "rx", "rc")}
+_INPUT_AXES = {"NCHW": (1, 2, 3), "NHWC": (3, 1, 2)}
+
+
 def _conv_form(sch: s_tir.Schedule, block_rv: Any) -> _Conv | None:
-    """The block as LegalizeOps writes conv2d NCHW x OIHW: iterators ``n, f, y, x`` then reductions
-    ``rc, ry, rx``; the weight read at ``[f, rc, ry, rx]``, the input at ``[n, (group of f), y, x]``
-    reading ``rc``, ``ry`` and ``rx`` along its channel, row and column; the output at ``[n, f, y, x]``."""
+    """The block as LegalizeOps writes conv2d NCHW or NHWC (:data:`_ITERATORS`): the output at
+    ``[n, f, y, x]`` in the layout's order, the weight at ``f, rc, ry, rx`` in any order (OIHW,
+    HWIO, OHWI), the input at its batch ``n``, its channel reading ``rc`` (and ``f``'s group), its
+    row ``y`` and ``ry``, its column ``x`` and ``rx``."""
     block = sch.get(block_rv)
     kinds = "".join("S" if iv.iter_type == tirx.IterVar.DataPar else "R" if iv.iter_type == tirx.IterVar.CommReduce
                     else "?" for iv in block.iter_vars)
@@ -272,37 +289,64 @@ def _conv_form(sch: s_tir.Schedule, block_rv: Any) -> _Conv | None:
         return None
     if any(loop_extent(sch, loop) is None for loop in sch.get_loops(block_rv)):
         return None  # tiles need static extents
-    n, f, y, x, rc, ry, rx = (iv.var for iv in block.iter_vars)
+    for layout, names in _ITERATORS.items():
+        conv = _layout_form(sch, block_rv, layout, dict(zip(names, (iv.var for iv in block.iter_vars))))
+        if conv is not None:
+            return conv
+    return None
+
+
+def _layout_form(sch: s_tir.Schedule, block_rv: Any, layout: str, v: dict[str, Any]) -> _Conv | None:
+    block = sch.get(block_rv)
     out = block.writes[0]
-    if not _indexed_by(out, (n, f, y, x)):
+    if not _indexed_by(out, tuple(v[name] for name in _ITERATORS[layout][:4])):
         return None
-    weight = next((i for i, r in enumerate(block.reads) if _indexed_by(r, (f, rc, ry, rx))), None)
+    roles = (v["f"], v["rc"], v["ry"], v["rx"])
+    weight = next((i for i, r in enumerate(block.reads) if _permutation_of(r, roles) is not None), None)
     if weight is None:
         return None
     data = block.reads[1 - weight]
     if len(data.region) != 4 or not all(int(r.extent) == 1 for r in data.region):
         return None
+    c_axis, h_axis, w_axis = _INPUT_AXES[layout]
     index = [r.min for r in data.region]
-    reads = [[reads_var(e, v) for v in (n, f, y, x, rc, ry, rx)] for e in index]
-    if not (reads[0] == [True] + [False] * 6 and reads[1][4] and not any(reads[1][i] for i in (0, 2, 3, 5, 6))
-            and reads[2][2] and reads[2][5] and not any(reads[2][i] for i in (0, 1, 3, 4, 6))
-            and reads[3][3] and reads[3][6] and not any(reads[3][i] for i in (0, 1, 2, 4, 5))):
+    order = ("n", "f", "y", "x", "rc", "ry", "rx")
+
+    def reads(axis: int) -> list[bool]:
+        return [reads_var(index[axis], v[name]) for name in order]
+
+    batch, chan, row, col = reads(0), reads(c_axis), reads(h_axis), reads(w_axis)
+    if not (batch == [True] + [False] * 6 and chan[4] and not any(chan[i] for i in (0, 2, 3, 5, 6))
+            and row[2] and row[5] and not any(row[i] for i in (0, 1, 3, 4, 6))
+            and col[3] and col[6] and not any(col[i] for i in (0, 1, 2, 4, 5))):
         return None
-    in_channels, group_inputs = int(data.source.shape[1]), loop_extent(sch, sch.get_loops(block_rv)[4])
-    channels = loop_extent(sch, sch.get_loops(block_rv)[1])
+    in_channels, group_inputs = int(data.source.shape[c_axis]), int(block.iter_vars[order_of(layout, "rc")].dom.extent)
+    channels = int(block.iter_vars[order_of(layout, "f")].dom.extent)
     if in_channels % group_inputs or channels % (in_channels // group_inputs):
         return None
     groups = in_channels // group_inputs
-    if groups == 1 and reads[1][1] or groups > 1 and not reads[1][1]:
+    if groups == 1 and chan[1] or groups > 1 and not chan[1]:
         return None
-    bits = out.source.dtype.bits
     if out.source.dtype != data.source.dtype or out.source.dtype != block.reads[weight].source.dtype:
         return None  # mixed dtypes (int8 with int32 sums) keep their loops
-    coefficients = detect_linear_equation(index[3], [x])  # [stride, the rest]; [] where not linear in x
+    coefficients = detect_linear_equation(index[w_axis], [v["x"]])  # [stride, the rest]; [] where not linear in x
     step = Analyzer().simplify(coefficients[0]) if len(coefficients) == 2 else None
-    return _Conv(block_rv, weight, channels // groups, group_inputs, channels,
-                 loop_extent(sch, sch.get_loops(block_rv)[3]), int(step) if isinstance(step, tirx.IntImm) else None,
-                 bits)
+    width = int(block.iter_vars[order_of(layout, "x")].dom.extent)
+    return _Conv(block_rv, weight, channels // groups, group_inputs, channels, width,
+                 int(step) if isinstance(step, tirx.IntImm) else None, out.source.dtype.bits, layout,
+                 _permutation_of(block.reads[weight], roles))
+
+
+def order_of(layout: str, name: str) -> int:
+    return _ITERATORS[layout].index(name)
+
+
+def _permutation_of(region: Any, variables: tuple) -> tuple[int, ...] | None:
+    """Where each of ``variables`` indexes ``region`` (each index one of them, whole), or None."""
+    if len(region.region) != len(variables) or any(int(r.extent) != 1 for r in region.region):
+        return None
+    axes = [next((a for a, r in enumerate(region.region) if r.min.same_as(var)), None) for var in variables]
+    return tuple(axes) if None not in axes and len(set(axes)) == len(axes) else None
 
 
 def _indexed_by(region: Any, variables: tuple) -> bool:

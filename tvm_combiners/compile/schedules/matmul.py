@@ -9,8 +9,10 @@ from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
 from tvm.target import Target
 
 from .common import (
+    PREPROC,
     WITH_EPILOGUE_THEN_WITHOUT,
     CPURule,
+    constant_param,
     inline_into_consumers,
     loop_extent,
     reads_var,
@@ -33,8 +35,10 @@ class CPUMatmul(CPURule):
 
     A ``TILE_ROWS x TILE_VECTORS`` vectors tile of C accumulates in registers; tiles run column
     block by column block (a block of B stays in cache while every row of A passes), K in blocks
-    of ``K_BLOCKS`` where one divides it, the outer spatial loops in parallel. Functions of
-    another form are declined.
+    of ``K_BLOCKS`` where one divides it, the outer spatial loops in parallel. A constant ``B`` is
+    read repacked into column panels of the tile's width (``[..., N / width, K, width]``, computed
+    at compile time), so that a tile reads B contiguously: a row-major B's rows, a multiple of 4 KiB
+    apart in a wide layer, fall into the same few L1 sets. Functions of another form are declined.
     """
 
     ATTEMPTS = WITH_EPILOGUE_THEN_WITHOUT
@@ -45,7 +49,8 @@ class CPUMatmul(CPURule):
         if infos is None:
             return None
         reductions = [b for b in infos if not b.is_injective()]
-        if len(reductions) != 1 or not _is_matmul(sch, reductions[0]):
+        b_read = _matmul_b(sch, reductions[0]) if len(reductions) == 1 else None
+        if b_read is None:
             return None
         main = reductions[0]
         bits = sch.get(main.block_rv).writes[0].source.dtype.bits
@@ -66,6 +71,8 @@ class CPUMatmul(CPURule):
         else:
             sch.reorder(*batch, jo, io, k, ii, ji)
             tile, init_at = io, k
+        if constant_param(func, sch.get(main.block_rv).reads[b_read].source):
+            _read_packed(sch, main.block_rv, b_read, tile_cols)
         accumulate = sch.cache_write(main.block_rv, 0, "local")
         sch.reverse_compute_at(accumulate, tile)
         if fuse_epilogue:
@@ -87,6 +94,19 @@ class CPUMatmul(CPURule):
         return sch
 
 
+def _read_packed(sch: s_tir.Schedule, block: Any, read: int, width: int) -> None:
+    """The GEMM reads its ``read``-th operand ``[..., K, N]`` from a copy laid out ``[..., N / width, K,
+    width]``, the copy marked as a weight repack."""
+    packed = sch.cache_read(block, read, "global")
+
+    def panels(*index: Any) -> tuple[Any, ...]:
+        *batch, k, n = index
+        return (*batch, n // width, k, n % width)
+
+    sch.transform_layout(packed, ("write", 0), panels)
+    sch.annotate(packed, PREPROC, True)
+
+
 def _only_read_by(sch: s_tir.Schedule, block: Any, readers: list[Any]) -> bool:
     """Whether ``block``'s output is read, and only by ``readers`` (blocks, not their RVs)."""
     consumers = [sch.get(c) for c in sch.get_consumers(block)]
@@ -101,23 +121,24 @@ def _k_block(depth: int | None, rows: int | None, row_bytes: int) -> int | None:
     return next((b for b in K_BLOCKS if depth % b == 0), None)
 
 
-def _is_matmul(sch: s_tir.Schedule, info: SBlockInfo) -> bool:
-    """Spatial iterators ``..., i, j`` then one reduction ``k``; A reads (i, k), B (k, j) with j last."""
+def _matmul_b(sch: s_tir.Schedule, info: SBlockInfo) -> int | None:
+    """Where the block is ``C[..., i, j] (+)= A[..., i, k] * B[..., k, j]`` (spatial iterators
+    ``..., i, j`` then one reduction ``k``; j last in B and C): the index of B among its reads."""
     kinds = info.dom_kind()
     if len(kinds) < 3 or kinds != "S" * (len(kinds) - 1) + "R":
-        return False
+        return None
     block = sch.get(info.block_rv)
     if len(block.reads) != 2 or len(block.writes) != 1:
-        return False
+        return None
     i, j, k = (it.var for it in block.iter_vars[-3:])
     if not reads_var(block.writes[0].region[-1].min, j):
-        return False
-    a, b = block.reads
-    if not reads_var(b.region[-1].min, j):
-        a, b = b, a
+        return None
+    b_read = 1 if reads_var(block.reads[1].region[-1].min, j) else 0
+    b, a = block.reads[b_read], block.reads[1 - b_read]
 
     def uses(region: Any, var: tirx.Var) -> bool:
         return any(reads_var(r.min, var) for r in region.region)
 
-    return (reads_var(b.region[-1].min, j) and uses(b, k) and not uses(b, i)
-            and uses(a, i) and uses(a, k) and not uses(a, j))
+    matmul = (reads_var(b.region[-1].min, j) and uses(b, k) and not uses(b, i)
+              and uses(a, i) and uses(a, k) and not uses(a, j))
+    return b_read if matmul else None
