@@ -56,7 +56,30 @@ fast_erf = _in_float32("erf", _fast_erf)
 fast_sigmoid = _in_float32("sigmoid", _fast_sigmoid)
 
 
+def fast_softmax(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """softmax as ``e / sum(e)``, ``e = fast_exp(x - max(x))`` (TOPI's vectorizable exp) where TVM's
+    calls libm's expf once per element: a transformer's attention. MiniLM-L3's three (12 x 128 x 128
+    each) took 2.24 of its ~15 ms that way. ``x - max(x)`` is at most 0, where fast_exp's relative
+    error is under 3e-7; a row holding NaN stays NaN; float16 computes in float32."""
+    from tvm import topi
+
+    dtype, axis = call.ty.dtype, int(call.attrs.axis)
+    if dtype not in ("float32", "float16"):
+        return tvm.ir.Op.get("relax.nn.softmax").get_attr("FLegalize")(bb, call)
+
+    def te(x: Any) -> Any:
+        x32 = x if dtype == "float32" else topi.cast(x, "float32")
+        shifted = topi.subtract(x32, topi.max(x32, axis=axis, keepdims=True))
+        e = topi.where(topi.isnan(shifted), shifted, topi.fast_exp(shifted))  # fast_exp clamps NaN to a number
+        y = topi.divide(e, topi.sum(e, axis=axis, keepdims=True))
+        return y if dtype == "float32" else topi.cast(y, dtype)
+
+    return bb.call_te(te, call.args[0], primfunc_name_hint="softmax")
+
+
 def legalizations(target: Target) -> dict[str, Any] | None:
-    """LegalizeOps' overrides for ``target``: erf and sigmoid on llvm (cuda's are fast device
-    intrinsics already)."""
-    return {"relax.erf": fast_erf, "relax.sigmoid": fast_sigmoid} if target.kind.name == "llvm" else None
+    """LegalizeOps' overrides for ``target``: erf, sigmoid and softmax on llvm (cuda's exp and erf
+    are fast device intrinsics already)."""
+    if target.kind.name != "llvm":
+        return None
+    return {"relax.erf": fast_erf, "relax.sigmoid": fast_sigmoid, "relax.nn.softmax": fast_softmax}
