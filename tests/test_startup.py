@@ -38,3 +38,10 @@ def test_the_cli_leaves_torch_out_of_tvms_import():
                    "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
                    "import tvm\nprint('torch' in sys.modules, file=sys.stderr)")
     assert proc.returncode == 0 and proc.stderr.split()[-1:] == ["False"], proc.stderr[-2000:]
+
+
+def test_the_examples_ranks_leave_torch_out_of_tvms_import():
+    proc = _python("import sys\nfrom tvm_combiners.app.examples import tp_bert\n"
+                   "try:\n    tp_bert.main(['--help'])\nexcept SystemExit:\n    pass\n"
+                   "print('tvm' in sys.modules, 'torch' in sys.modules, file=sys.stderr)")
+    assert proc.returncode == 0 and proc.stderr.split()[-2:] == ["True", "False"], proc.stderr[-2000:]
