@@ -17,9 +17,9 @@ from hypothesis import settings
 # cores"). The tests of the pin itself pin this thread explicitly.
 os.environ.setdefault("TVM_BIND_THREADS", "0")
 
-# Importing TVM 0.27 imports torch where it is installed (~2-3 s of a core a process): tests/startup's
-# sitecustomize leaves it out of TVM's own import in this process and every Python process a test
-# starts (each rank of a multi-rank test, each CLI run). An export that imports torch still gets it.
+# Importing TVM 0.27 imports torch where it is installed (~3 s of a core a process): tests/startup's
+# sitecustomize leaves it out of TVM's own import (tvm_combiners.startup) in this process and every
+# Python process a test starts (each rank of a multi-rank test). An export that imports torch gets it.
 STARTUP = Path(__file__).resolve().parent / "startup"
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(STARTUP), os.environ.get("PYTHONPATH")) if p)
 runpy.run_path(str(STARTUP / "sitecustomize.py"))

@@ -2,7 +2,8 @@
 
 Layers, lowest first (a module may import its own unit and the layers below it):
 
-0. ``tvm_combiners.errors``, ``tvm_combiners.core``: errors and the IR-neutral algorithms;
+0. ``tvm_combiners.errors``, ``tvm_combiners.startup``, ``tvm_combiners.core``: errors, process start-up
+   (TVM's import without torch) and the IR-neutral algorithms;
 1. ``tvm_combiners.relax``, ``tvm_combiners.relay``: the adapters and the public passes;
 2. ``tvm_combiners.compile``: targets, runners, default schedules, pipelines, tuning;
 3. ``tvm_combiners.collectives``: the ops, their combiners, the runtime;
@@ -21,7 +22,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "tvm_combiners"
 
 #: Layers, lowest first; units of one layer do not import each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("tvm_combiners.errors", "tvm_combiners.core"),
+    ("tvm_combiners.errors", "tvm_combiners.startup", "tvm_combiners.core"),
     ("tvm_combiners.relax", "tvm_combiners.relay"),
     ("tvm_combiners.compile",),
     ("tvm_combiners.collectives",),

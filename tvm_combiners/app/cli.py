@@ -265,6 +265,9 @@ def _usage_error(err: UsageError, argv: list[str]) -> NoReturn:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ..startup import keep_torch_out_of_tvm_import
+
+    keep_torch_out_of_tvm_import()  # ~3 s of a core where torch is installed, which nothing here uses
     argv = sys.argv[1:] if argv is None else list(argv)
     if sys.stderr is None:  # started with stderr closed (2>&-): print(file=None) would write into stdout's JSON
         sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the rest of the process

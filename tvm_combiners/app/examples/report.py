@@ -149,6 +149,9 @@ def example_main(parser: Any, config: Callable[[Any, int], Any], run: Callable[[
                  render: Callable[[dict[str, Any]], str], argv: list[str] | None) -> int:
     """An example's ``main`` on every rank: options checked (a bad one is one line, from rank 0, and
     exit 2 on every rank), the job run, rank 0 reporting (see :func:`finish`)."""
+    from ...startup import keep_torch_out_of_tvm_import
+
+    keep_torch_out_of_tvm_import()  # every rank imports TVM next: ~3 s of a core each where torch is installed
     from ...collectives.runtime import world_size
     from ..usage import UsageError
 
