@@ -5,7 +5,9 @@ dodge a symbol clash on Windows), and so does ``tvm.relax.base_py_module`` (for 
 That is ~3 s of a core per process (more than TVM's own import), paid by every CLI run and every
 rank that imports TVM, for nothing this package uses. :func:`keep_torch_out_of_tvm_import` makes
 those two modules' own imports of torch find none; any other import of torch (a user's, an export's)
-gets torch as usual. Nothing here imports TVM.
+gets torch as usual, but TVM's torch interop stays off in that process (tvm-ffi's fast DLPack exchange
+with torch tensors, its CUDA-stream patch, ``BasePyModule``'s conversions): the CLI and the examples
+hand TVM no torch tensors. A user's program under ``launch`` is not affected. Nothing here imports TVM.
 """
 
 from __future__ import annotations

@@ -61,9 +61,13 @@ def default_schedules() -> tvm.transform.Pass:
 
 def mark_constant_params() -> tvm.transform.Pass:
     """Each PrimFunc called with a constant argument gets the indices of those parameters
-    (``CONSTANT_PARAMS``; those constant at every call): a rule repacks such a weight for free."""
+    (``CONSTANT_PARAMS``; those constant at every call): a rule repacks such a weight for free. None
+    is marked where the repacks could not be hoisted (:func:`hoist_weight_repacks`): they would run
+    on every call."""
 
     def mark(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        if not _hoistable(mod):
+            return mod
         call_tir = tvm.ir.Op.get("relax.call_tir")
         constant: dict[tvm.ir.GlobalVar, set[int]] = {}
 
@@ -100,16 +104,22 @@ def hoist_weight_repacks() -> tvm.transform.Pass:
     """TVM's SplitLayoutRewritePreproc, then FoldConstant, where a function repacks a weight.
 
     TVM's split visits every PrimFunc and fails on one without blocks (the collectives' kernels
-    call the runtime and have none): a module holding such a function keeps its repacks inside
-    the kernels that use them, computed on every call, as where no weight is constant."""
+    call the runtime and have none): a module holding such a function keeps its convolutions'
+    repacks inside the kernels that use them, computed on every call, and its GEMMs read their
+    weights as they are (:func:`mark_constant_params` marks nothing there)."""
 
     def hoist(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         schedules = [s_tir.Schedule(f) for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)]
-        if not any(map(_repacks, schedules)) or not all(map(root_blocks, schedules)):
+        if not any(map(_repacks, schedules)) or not _hoistable(mod):
             return mod
         return relax.transform.FoldConstant()(relax.transform.SplitLayoutRewritePreproc()(mod))
 
     return tvm.transform.module_pass(hoist, opt_level=0, name="tvm_combiners.HoistWeightRepacks")
+
+
+def _hoistable(mod: tvm.IRModule) -> bool:
+    """Whether TVM's SplitLayoutRewritePreproc can visit every PrimFunc of ``mod`` (each has blocks)."""
+    return all(root_blocks(s_tir.Schedule(f)) for f in mod.functions.values() if isinstance(f, tirx.PrimFunc))
 
 
 def _repacks(sch: s_tir.Schedule) -> bool:

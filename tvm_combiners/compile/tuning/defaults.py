@@ -5,7 +5,10 @@ default CPU schedules on llvm), so a tuned model can run slower than an untuned 
 beside MetaSchedule's records, timed by the same runner, the default schedule is the best record
 of every task whose search did not beat it: such a task is no slower tuned than untuned (to the
 runner's measurement), where a default rule schedules it (on llvm only GEMMs) and that schedule
-builds and runs. Its trace replays like any record's: it is a schedule.
+builds and runs. Its trace replays like any record's: it is a schedule. One exception on llvm: a
+task is a function alone, so its default reads a GEMM's weight as stored, where an untuned build
+reads a constant weight packed at compile time (1.2-1.4x faster GEMMs); a tuned GEMM may then run
+slower than the untuned build's.
 """
 
 from __future__ import annotations
