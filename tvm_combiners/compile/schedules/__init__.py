@@ -54,9 +54,23 @@ def default_schedules() -> tvm.transform.Pass:
     """The CPU rules over every function no database or earlier rule has scheduled, then each
     weight repacking a schedule asked for split into a function of its own and, for a constant
     weight, computed at compile time."""
-    return tvm.transform.Sequential([mark_constant_params(), dlight.ApplyDefaultSchedule(*cpu_rules()),
-                                     unmark_constant_params(), hoist_weight_repacks()],
-                                    name="tvm_combiners.DefaultSchedules")
+    def run(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        scheduled = None
+        for mark in (True, False):  # without marks only where the weights' repacks could not be hoisted
+            passes = [dlight.ApplyDefaultSchedule(*cpu_rules()), unmark_constant_params()]
+            scheduled = tvm.transform.Sequential([mark_constant_params()] * mark + passes)(_copy(mod))
+            try:
+                return hoist_weight_repacks()(scheduled)
+            except RuntimeError:  # TVM's SplitLayoutRewritePreproc refuses the module (a send/recv kernel's
+                continue          # loops without blocks): no GEMM reads its weight packed, on every call
+        return scheduled  # the convolutions' repacks stay in their kernels
+
+    return tvm.transform.module_pass(run, opt_level=0, name="tvm_combiners.DefaultSchedules")
+
+
+def _copy(mod: tvm.IRModule) -> tvm.IRModule:
+    """A module of the same functions and attributes (the passes here replace its functions in place)."""
+    return tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs, global_infos=mod.global_infos)
 
 
 def mark_constant_params() -> tvm.transform.Pass:
