@@ -6,23 +6,24 @@ derandomizes it so a CI result can be reproduced exactly.
 
 import os
 import re
-import runpy
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
+
+from tvm_combiners.startup import keep_torch_out_of_tvm_import
 
 # TVM's thread pool pins the thread that starts it to one core; in the test process every program a
 # later test starts (the CLI, its MPI ranks) inherited that pin and ran on one core ("2 ranks on 1
 # cores"). The tests of the pin itself pin this thread explicitly.
 os.environ.setdefault("TVM_BIND_THREADS", "0")
 
-# Importing TVM 0.27 imports torch where it is installed (~3 s of a core a process): tests/startup's
-# sitecustomize leaves it out of TVM's own import (tvm_combiners.startup) in this process and every
-# Python process a test starts (each rank of a multi-rank test). An export that imports torch gets it.
+# Importing TVM 0.27 imports torch where it is installed (~3 s of a core a process): TVM's own import
+# leaves it out (tvm_combiners.startup) in this process, and through tests/startup's sitecustomize in
+# every Python process a test starts (each rank of a multi-rank test). An export that imports torch gets it.
 STARTUP = Path(__file__).resolve().parent / "startup"
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(STARTUP), os.environ.get("PYTHONPATH")) if p)
-runpy.run_path(str(STARTUP / "sitecustomize.py"))
+keep_torch_out_of_tvm_import()
 
 settings.register_profile("ci", derandomize=True, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))

@@ -56,9 +56,12 @@ def default_schedules() -> tvm.transform.Pass:
     weight, computed at compile time."""
     def run(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         scheduled = None
-        for mark in (True, False):  # without marks only where the weights' repacks could not be hoisted
-            passes = [dlight.ApplyDefaultSchedule(*cpu_rules()), unmark_constant_params()]
-            scheduled = tvm.transform.Sequential([mark_constant_params()] * mark + passes)(_copy(mod))
+        # constants are marked only where their repacks can be hoisted: in the kernels they would run on
+        # every call; and again without marks where TVM's split refuses the module all the same
+        for mark in ((True, False) if _hoistable(mod) else (False,)):
+            marks = [mark_constant_params()] if mark else []
+            passes = [*marks, dlight.ApplyDefaultSchedule(*cpu_rules()), unmark_constant_params()]
+            scheduled = tvm.transform.Sequential(passes)(_copy(mod))
             try:
                 return hoist_weight_repacks()(scheduled)
             except RuntimeError:  # TVM's SplitLayoutRewritePreproc refuses the module (a send/recv kernel's
@@ -75,13 +78,10 @@ def _copy(mod: tvm.IRModule) -> tvm.IRModule:
 
 def mark_constant_params() -> tvm.transform.Pass:
     """Each PrimFunc called with a constant argument gets the indices of those parameters
-    (``CONSTANT_PARAMS``; those constant at every call): a rule repacks such a weight for free. None
-    is marked where the repacks could not be hoisted (:func:`hoist_weight_repacks`): they would run
-    on every call."""
+    (``CONSTANT_PARAMS``; those constant at every call): a rule repacks such a weight for free, where
+    :func:`hoist_weight_repacks` then computes the repack at compile time."""
 
     def mark(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        if not _hoistable(mod):
-            return mod
         call_tir = tvm.ir.Op.get("relax.call_tir")
         constant: dict[tvm.ir.GlobalVar, set[int]] = {}
 
@@ -120,11 +120,11 @@ def hoist_weight_repacks() -> tvm.transform.Pass:
     TVM's split visits every PrimFunc and fails on one without blocks (the collectives' kernels
     call the runtime and have none): a module holding such a function keeps its convolutions'
     repacks inside the kernels that use them, computed on every call, and its GEMMs read their
-    weights as they are (:func:`mark_constant_params` marks nothing there)."""
+    weights as they are (:func:`default_schedules` marks no constants there)."""
 
     def hoist(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         schedules = [s_tir.Schedule(f) for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)]
-        if not any(map(_repacks, schedules)) or not _hoistable(mod):
+        if not any(map(_repacks, schedules)) or not all(map(root_blocks, schedules)):
             return mod
         return relax.transform.FoldConstant()(relax.transform.SplitLayoutRewritePreproc()(mod))
 

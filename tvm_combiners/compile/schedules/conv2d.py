@@ -24,8 +24,6 @@ from .common import (
 )
 from .injective import is_spatial, parallel_outer, root_blocks, schedule_injective
 
-# The block annotation TVM's SplitLayoutRewritePreproc splits into a function of its own (which
-# FoldConstant then runs once at compile time where the weight is a constant).
 # Vector registers the accumulators of one tile may take: one broadcast input register stays free
 # and the weight vectors are FMA memory operands (x86 has 16 vector registers, 32 with AVX-512).
 ACCUMULATORS = {16: 14, 32: 28}
@@ -69,11 +67,12 @@ class CPUConv2D(CPURule):
     TVM's SplitLayoutRewritePreproc splits off, and FoldConstant computes once for a constant weight).
     Where none divides them but a group has ``WIDTH_FORM_MIN_INPUTS`` input channels or more, a
     tile is a segment of one channel's output row (in vectors where one divides the width, else an
-    unrolled run of scalars; NCHW only: in NHWC a row's elements are a channel apart). Channel blocks and rows run in parallel; the padding is a loop nest of
-    its own; the elementwise epilogue FuseOps put in the function is computed on each tile as it
-    leaves registers. conv2d_transpose takes the same form: LegalizeOps writes it as a convolution
-    of the zero-stuffed, padded input with the flipped kernel, which the repack computes (once, for
-    a constant weight).
+    unrolled run of scalars; NCHW only: in NHWC a row's elements are a channel apart). Channel
+    blocks and rows run in parallel; the padding is a loop nest of its own; the elementwise
+    epilogue FuseOps put in the function is computed on each tile as it leaves registers.
+    conv2d_transpose takes the same form: LegalizeOps writes it as a convolution of the
+    zero-stuffed, padded input with the flipped kernel, which the repack computes (once, for a
+    constant weight).
 
     A depthwise convolution (one input channel a group, one output each) has no input element to
     broadcast: where a vector divides its channels, a tile is one channel-vector by a segment of an
@@ -310,7 +309,7 @@ def _layout_form(sch: s_tir.Schedule, block_rv: Any, layout: str, v: dict[str, A
         return None
     c_axis, h_axis, w_axis = _INPUT_AXES[layout]
     index = [r.min for r in data.region]
-    order = ("n", "f", "y", "x", "rc", "ry", "rx")
+    order = _ITERATORS["NCHW"]  # the canonical order the index checks below name positions in
 
     def reads(axis: int) -> list[bool]:
         return [reads_var(index[axis], v[name]) for name in order]
@@ -320,8 +319,8 @@ def _layout_form(sch: s_tir.Schedule, block_rv: Any, layout: str, v: dict[str, A
             and row[2] and row[5] and not any(row[i] for i in (0, 1, 3, 4, 6))
             and col[3] and col[6] and not any(col[i] for i in (0, 1, 2, 4, 5))):
         return None
-    in_channels, group_inputs = int(data.source.shape[c_axis]), int(block.iter_vars[order_of(layout, "rc")].dom.extent)
-    channels = int(block.iter_vars[order_of(layout, "f")].dom.extent)
+    in_channels, group_inputs = int(data.source.shape[c_axis]), _extent(block, layout, "rc")
+    channels = _extent(block, layout, "f")
     if in_channels % group_inputs or channels % (in_channels // group_inputs):
         return None
     groups = in_channels // group_inputs
@@ -331,14 +330,14 @@ def _layout_form(sch: s_tir.Schedule, block_rv: Any, layout: str, v: dict[str, A
         return None  # mixed dtypes (int8 with int32 sums) keep their loops
     coefficients = detect_linear_equation(index[w_axis], [v["x"]])  # [stride, the rest]; [] where not linear in x
     step = Analyzer().simplify(coefficients[0]) if len(coefficients) == 2 else None
-    width = int(block.iter_vars[order_of(layout, "x")].dom.extent)
-    return _Conv(block_rv, weight, channels // groups, group_inputs, channels, width,
+    return _Conv(block_rv, weight, channels // groups, group_inputs, channels, _extent(block, layout, "x"),
                  int(step) if isinstance(step, tirx.IntImm) else None, out.source.dtype.bits, layout,
                  _permutation_of(block.reads[weight], roles))
 
 
-def order_of(layout: str, name: str) -> int:
-    return _ITERATORS[layout].index(name)
+def _extent(block: Any, layout: str, name: str) -> int:
+    """The extent of the block's iterator ``name`` (of :data:`_ITERATORS`) in ``layout``."""
+    return int(block.iter_vars[_ITERATORS[layout].index(name)].dom.extent)
 
 
 def _permutation_of(region: Any, variables: tuple) -> tuple[int, ...] | None:
