@@ -11,7 +11,9 @@ refuses on CPU because two copies of a 1 MiB op cost more than one call's latenc
 returns them untouched (the VM's own cost of k arguments and k results, which ``before`` and
 ``after`` pay and ``one op`` does not). The fastest of several batches (the machines are shared
 and MPI busy-polls, so medians mostly measure other processes), the slower rank's figure,
-microseconds per call, all from the same run.
+microseconds per call, all from the same run. The two small allreduce cases run again between
+producers and consumers (``_in_function``: one kernel makes each operand, one reads each result), beside
+the same program without collectives, whose time the collectives' share leaves out.
 """
 
 from __future__ import annotations
@@ -48,6 +50,28 @@ def _module(op: str, count: int, nbytes: int, n: int):
             outs.append(bb.emit(call))
         bb.emit_func_output(relax.Tuple(outs))
     return bb.get(), [tvm.runtime.tensor(__import__("numpy").full((elems,), i + 1, "float32")) for i in range(count)]
+
+
+def _in_function(count: int, nbytes: int, collectives: bool = True):
+    """The collectives between producers and consumers: ``x (count, elems)`` -> one kernel per row
+    (``2 * x[i]``) -> an allreduce per row -> one kernel per result (``+ 1``) -> their tuple;
+    without ``collectives``, the same program with no allreduce (its compute alone)."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    from tvm_combiners.collectives import relax as CR
+
+    elems = nbytes // 4
+    x = relax.Var("x", relax.TensorType((count, elems), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x], pure=False):
+        two, one = relax.const(2.0, "float32"), relax.const(1.0, "float32")
+        rows = [bb.emit(relax.op.multiply(relax.op.strided_slice(x, [0], [i], [i + 1]), two)) for i in range(count)]
+        if collectives:
+            rows = [bb.emit(CR.allreduce(r)) for r in rows]
+        bb.emit_func_output(relax.Tuple([bb.emit(relax.op.add(r, one)) for r in rows]))
+    return bb.get(), [tvm.runtime.tensor(np.arange(count * elems, dtype="float32").reshape(count, elems) % 7)]
 
 
 def _identity(count: int, nbytes: int):
@@ -122,12 +146,34 @@ def rank_main(quick: bool, smoke: bool = False) -> None:
         t_after = t_before if unchanged else times[3]
         name += " (unchanged)" if unchanged else ""
         rows.append((name, t_before, t_after, t_one, t_floor))
+    inner = []
+    for name, op, count, nbytes, _cap in CASES[:2]:  # the small allreduces again, between producers and consumers
+        if smoke:
+            count = max(2, count // 8)
+            name = f"{count}{name[name.index(' x '):]}"
+        mod, args = _in_function(count, nbytes)
+        combined = CB.CombineCollectives()(mod)
+        one, one_args = _module(op, 1, count * nbytes, n)
+        before, after, single = _compile(mod), _compile(combined), _compile(one)
+        compute = _compile(_in_function(count, nbytes, collectives=False)[0])
+        for a, b in zip(before(*args), after(*args)):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
+        calls, batches = (3, 1) if smoke else (20, 3) if quick else (100, 7)
+        fns = [lambda f=f, a=a: f(*a) for f, a in ((compute, args), (before, args), (after, args), (single, one_args))]
+        inner.append((name, *_time(comm, fns, calls, batches)))
     if comm.Get_rank() == 0:
         run = "smoke (not a measurement)" if smoke else "quick" if quick else "full"
         print(f"2 ranks, llvm, Relax VM, us per call (fastest batch, slower rank); {run} run")
         print(f"{'case':<36}{'before':>10}{'after':>10}{'one op':>10}{'k-tensor VM':>13}{'before/after':>14}{'after/one op':>14}")
         for name, b, a, o, f in rows:
             print(f"{name:<36}{b:>10.1f}{a:>10.1f}{o:>10.1f}{f:>13.1f}{b / a:>13.2f}x{a / o:>13.2f}x")
+        print("\nIn a function: a kernel makes each operand and one reads each result; 'compute': the same program")
+        print("without collectives; the collectives' share is a column minus 'compute'")
+        print(f"{'case':<36}{'compute':>10}{'before':>10}{'after':>10}{'one op':>10}{'share before/after':>20}"
+              f"{'after share/one op':>20}")
+        for name, c, b, a, o in inner:
+            ratio = f"{(b - c) / (a - c):>19.2f}x" if a > c else f"{'-':>20}"  # noise can put 'after' under 'compute'
+            print(f"{name:<36}{c:>10.1f}{b:>10.1f}{a:>10.1f}{o:>10.1f}{ratio}{(a - c) / o:>19.2f}x")
 
 
 def main() -> int:

@@ -407,6 +407,47 @@ def test_pack_plans():
         plan_pack("reduce_scatter", [((2,), "float32", 0), ((2,), "int32", 0)], group_size=2)
 
 
+# --------------------------------------------------------------------------- results read in place
+
+
+def _addresses(tensors) -> list[int]:
+    return [np.from_dlpack(t).__array_interface__["data"][0] for t in tensors]
+
+
+def test_contiguous_results_are_views_of_the_combined_buffer():
+    """allreduce, reduce_scatter and recv results are read in place (no unpack kernel); aligned ones
+    alias the buffer, and the buffer is not reused while kernels still read them."""
+    params = [((16,), "float32")] * 3 + [((3,), "float32")]  # 64-byte runs, then one that is not aligned
+
+    def body(bb, xs):
+        rs = [bb.emit(CR.allreduce(x)) for x in xs]
+        later = [bb.emit(relax.op.multiply(r, r)) for r in rs]  # fresh intermediates while the views live
+        return rs + [bb.emit(relax.op.add(r, m)) for r, m in zip(rs, later)]
+
+    mod = _fn(params, body)
+    new = CB.CombineCollectives()(mod)
+    assert _count(new, "allreduce") == 1
+    assert C.count_ops(new, ("memory.view",)) == 4
+    assert not [gv for gv in new.get_global_vars() if gv.name_hint.startswith("unpack")]
+    _same_results(mod, new, _args(params))
+    ex = tvm.compile(new, target="llvm", relax_pipeline=CR.pipeline("llvm"))
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in _args(params)])
+    first, *rest = _addresses(list(got)[:3])
+    assert [a - first for a in rest] == [64, 128]  # the aligned results share one buffer
+
+
+def test_allgather_results_are_copied_out():
+    """Over two ranks an allgather's results interleave the ranks' blocks: one unpack kernel copies
+    them out (over one rank each is a run of the buffer, read in place)."""
+    params = [((4,), "float32")] * 2
+    for group, views, unpacks in (([[0, 1]], 0, ["unpack_allgather"]), (ONE, 2, [])):
+        mod = _fn(params, lambda bb, xs, g=group: [bb.emit(CR.allgather(x, group=g)) for x in xs])
+        new = CB.CombineCollectives()(mod)
+        assert C.count_ops(new, ("memory.view",)) == views
+        assert [gv.name_hint for gv in new.get_global_vars() if gv.name_hint.startswith("unpack")] == unpacks
+    _same_results(mod, new, _args(params))
+
+
 # --------------------------------------------------------------------------- generated DAGs
 
 

@@ -12,8 +12,9 @@ write imposes on the readers of its buffer (:mod:`..dependences`); a recv also w
 it is matched with, whichever families combine (OrderSendRecv runs first, so that send comes
 earlier); an impure call we do not know is a barrier (nothing moves across it). The region is
 re-emitted in the contracted order the planner returns. A combined group is: one pack kernel
-(``call_tir``), the collective on the flat buffer, one unpack kernel whose outputs are bound to
-the members' original variables (so users are untouched).
+(``call_tir``), the collective on the flat buffer, and the results bound to the members' original
+variables (so users are untouched): views of the buffer where each result is one run of it, else
+the outputs of one unpack kernel.
 
 Options (every pass): ``threshold_bytes`` / ``threshold_count`` bound one combined op (payload
 bytes per rank, exact; <= 0 or a count below 2 disables the pass); ``on_combine`` gets a
@@ -35,7 +36,7 @@ from tvm import ir, relax
 from .. import spec as S
 from ..combiners.driver import Unit, plan_combining
 from ..combiners.factories import pass_factories
-from ..combiners.keys import ChannelBook, PackPlan, ccl_key, collective_key, plan_pack, transfer_key
+from ..combiners.keys import ChannelBook, PackPlan, ccl_key, collective_key, itemsize, plan_pack, transfer_key
 from ..combiners.options import CombinerOptions
 from ..combiners.planning import RegionPlan
 from ..ordering import OrderNode
@@ -189,12 +190,35 @@ class _FunctionCombiner:
             out.append(relax.VarBinding(pack, self.bb.normalize(relax.call_tir(gv, operands, flat_ty))))
         bindings, reduced = collective(pack if operands else None)
         out += bindings
-        if results:
-            tys = [relax.TensorType(list(s.result_shape), s.dtype) for s in plan.segments]
-            gv = self._kernel(tir_kernels.unpack_func, plan, f"unpack_{label}")
-            parts = self._var("combined_parts", relax.TupleType(tys), dataflow)
-            out.append(relax.VarBinding(parts, self.bb.normalize(relax.call_tir(gv, [reduced], tys))))
-            out += [relax.VarBinding(v, self.bb.normalize(relax.TupleGetItem(parts, i))) for i, v in enumerate(results)]
+        if results and plan.blocks_out == 1:  # every result is one contiguous run of the buffer
+            out += self._views(plan, reduced, results, dataflow)
+        elif results:
+            out += self._unpack(plan, reduced, results, dataflow, label)
+        return out
+
+    def _unpack(self, plan: PackPlan, reduced: relax.Var, results: list[relax.Var], dataflow: bool,
+                label: str) -> list[relax.Binding]:
+        """The results copied out of the combined buffer by one kernel."""
+        tys = [relax.TensorType(list(s.result_shape), s.dtype) for s in plan.segments]
+        gv = self._kernel(tir_kernels.unpack_func, plan, f"unpack_{label}")
+        parts = self._var("combined_parts", relax.TupleType(tys), dataflow)
+        out = [relax.VarBinding(parts, self.bb.normalize(relax.call_tir(gv, [reduced], tys)))]
+        return out + [relax.VarBinding(v, self.bb.normalize(relax.TupleGetItem(parts, i))) for i, v in enumerate(results)]
+
+    def _views(self, plan: PackPlan, reduced: relax.Var, results: list[relax.Var],
+               dataflow: bool) -> list[relax.Binding]:
+        """Each result read in place from the combined buffer: a view at its byte offset, then
+        ``ensure_zero_offset``, because legalized kernels insist on ``byte_offset == 0``. TVM
+        moves the offset into the data pointer where it keeps the pointer aligned (no copy, no
+        allocation) and copies the run where not; memory planning counts a view's uses as uses
+        of the buffer, so the buffer is not reused while a result lives."""
+        out: list[relax.Binding] = []
+        for i, (seg, var) in enumerate(zip(plan.segments, results)):
+            offset = relax.prim_value(tvm.tirx.IntImm("int64", seg.offset * itemsize(seg.dtype)))
+            view = self._var(f"combined_view{i}", var.ty, dataflow)
+            out.append(relax.VarBinding(view, self.bb.normalize(
+                relax.op.memory.view(reduced, relax.ShapeExpr(list(seg.result_shape)), seg.dtype, offset))))
+            out.append(relax.VarBinding(var, self.bb.normalize(relax.op.memory.ensure_zero_offset(view))))
         return out
 
     def _collective(self, bindings: list[Any], ops: list[Any], dataflow: bool) -> list[relax.Binding]:

@@ -1,10 +1,11 @@
-"""The one pack kernel and the one unpack kernel of a combined collective, as TIR (TVM 0.27).
+"""The pack kernel of a combined collective and the unpack kernel of a combined allgather, as TIR (TVM 0.27).
 
-``R.concat`` of 64 inputs costs more than the 64 collectives it would save (PLATFORM.md), and
-``R.memory.view`` at a byte offset cannot feed a legalized kernel in TVM 0.27 (the kernels insist
-on ``byte_offset == 0``). So both directions are one generated PrimFunc: a plain loop per
-operand (LLVM vectorizes it), reading and writing typed aliases of the flat buffer, so mixed
-dtypes need no casts. Index maps follow :mod:`..combiners.keys`.
+``R.concat`` of 64 inputs costs more than the 64 collectives it would save (PLATFORM.md), so
+packing is one generated PrimFunc: a plain loop per operand (LLVM vectorizes it), reading and
+writing typed aliases of the flat buffer, so mixed dtypes need no casts. Unpacking is one too
+where a result is not one run of the combined buffer (an allgather over several ranks
+interleaves their blocks); other results are views (:mod:`.combiners`). Index maps follow
+:mod:`..combiners.keys`.
 
 Built with TVMScript's IR builder, not by printing and parsing TVMScript: parsing costs ~12 ms
 per operand, over ten times what building does.
@@ -81,23 +82,22 @@ def pack_func(plan: PackPlan, name: str) -> Any:
 
 
 def unpack_func(plan: PackPlan, name: str) -> Any:
-    """``name(g, y0, ..., yk)`` reading every result out of the combined buffer."""
+    """``name(g, y0, ..., yk)`` reading every result of a combined allgather out of its buffer,
+    where rank r's block holds every operand: ``(n, P, A, Q) -> (P, n, A, Q)`` per operand."""
+    if plan.kind != "allgather":
+        raise ValueError(f"unpack_func: {plan.kind} results are runs of the buffer, read as views")
     params = [("g", (plan.out_len,), plan.flat_dtype)]
     params += [(f"y{i}", seg.result_shape, seg.dtype) for i, seg in enumerate(plan.segments)]
 
     def body(T: Any, bufs: list[Any]) -> None:
         ins = _aliases(T, plan, bufs[0], plan.out_len)
+        n = plan.blocks_out
         for i, seg in enumerate(plan.segments):
             size = math.prod(seg.result_shape)
             if size == 0:
                 continue
-            dst, src, stride = _flat(T, bufs[i + 1], seg, size), ins[seg.dtype], plan.stride(seg)
-            if plan.kind == "allgather":  # rank r's block holds its operand: (n, P, A, Q) -> (P, n, A, Q)
-                n = plan.blocks_out
-                c = seg.extent * seg.inner
-                _copy(T, i, (n, seg.outer, c), lambda r, p, k, src=src, dst=dst, stride=stride, seg=seg, n=n, c=c: T.buffer_store(
-                    dst, src[r * stride + seg.offset + p * c + k], [p * (n * c) + r * c + k]))
-            else:
-                _copy(T, i, (seg.chunk,), lambda j, src=src, dst=dst, seg=seg: T.buffer_store(dst, src[seg.offset + j], [j]))
+            dst, src, stride, c = _flat(T, bufs[i + 1], seg, size), ins[seg.dtype], plan.stride(seg), seg.extent * seg.inner
+            _copy(T, i, (n, seg.outer, c), lambda r, p, k, src=src, dst=dst, stride=stride, seg=seg, c=c: T.buffer_store(
+                dst, src[r * stride + seg.offset + p * c + k], [p * (n * c) + r * c + k]))
 
     return _kernel(name, params, body)
