@@ -21,7 +21,7 @@ bytes per rank, exact; <= 0 or a count below 2 disables the pass); ``on_combine`
 :class:`~.options.CombineReport` per combined op; ``combine_by_dim`` (allgather, reduce_scatter)
 lets any axes share one op; keyword-only ``max_op_bytes`` leaves larger ops alone (``"auto"``:
 64 KiB when compiling for a CPU or outside a target, 8 MiB for GPU targets; None: no cap),
-because packing copies every byte twice.
+because packing copies every byte (allgather results twice).
 """
 
 from __future__ import annotations
