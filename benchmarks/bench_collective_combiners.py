@@ -5,9 +5,9 @@
 Launches its own 2 ranks (tvm_combiners.collectives.runtime.launcher); rank 0 prints one table.
 Each case is one Relax function holding k independent collectives of the given size per rank,
 compiled for llvm and called through the VM: ``before`` as written, ``after`` through
-``CombineCollectives`` (one pack kernel, one collective, one unpack kernel), ``one op``: a single
+``CombineCollectives`` (one pack kernel, one collective, the results read as views of its buffer), ``one op``: a single
 collective of the total size (``no op cap``: 1 MiB ops packed anyway, which ``max_op_bytes="auto"``
-refuses on CPU because two copies of a 1 MiB op cost more than one call's latency), and ``k-tensor VM``: a function that takes the same k tensors and
+refuses on CPU because copying a 1 MiB op costs more than one call's latency), and ``k-tensor VM``: a function that takes the same k tensors and
 returns them untouched (the VM's own cost of k arguments and k results, which ``before`` and
 ``after`` pay and ``one op`` does not). The fastest of several batches (the machines are shared
 and MPI busy-polls, so medians mostly measure other processes), the slower rank's figure,

@@ -414,37 +414,57 @@ def _addresses(tensors) -> list[int]:
     return [np.from_dlpack(t).__array_interface__["data"][0] for t in tensors]
 
 
-def test_contiguous_results_are_views_of_the_combined_buffer():
-    """allreduce, reduce_scatter and recv results are read in place (no unpack kernel); aligned ones
-    alias the buffer, and the buffer is not reused while kernels still read them."""
-    params = [((16,), "float32")] * 3 + [((3,), "float32")]  # 64-byte runs, then one that is not aligned
+_RUNS = [((16,), "float32"), ((3,), "float32"), ((16,), "float32"), ((13,), "float32"), ((16,), "float32")]
+# byte offsets 0, 64, 76, 140, 192: runs 0, 1 and 4 start at multiples of 64 and are read in place
+
+
+def _unpacked(mod) -> list[int]:
+    """The output count of each unpack kernel in ``mod``."""
+    return [len(f.params) - 1 for gv, f in mod.functions_items() if gv.name_hint.startswith("unpack")]
+
+
+def test_aligned_results_are_views_of_the_combined_buffer():
+    """Results at a multiple of 64 bytes alias the buffer (no copy, no allocation); the others are
+    copied out by one unpack kernel."""
+    mod = _fn(_RUNS, lambda bb, xs: [bb.emit(CR.allreduce(x)) for x in xs])
+    new = CB.CombineCollectives()(mod)
+    assert _count(new, "allreduce") == 1
+    assert C.count_ops(new, ("memory.view",)) == 3
+    assert _unpacked(new) == [2]
+    _same_results(mod, new, _args(_RUNS))
+    ex = tvm.compile(new, target="llvm", relax_pipeline=CR.pipeline("llvm"))
+    got = list(relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in _args(_RUNS)]))
+    first, second, fifth = (np.from_dlpack(got[i]).__array_interface__["data"][0] for i in (0, 1, 4))
+    assert (second - first, fifth - first) == (64, 192)
+
+
+def test_views_keep_the_buffer_while_kernels_read_them():
+    """Results only kernels read (so memory planning places the buffer): many intermediates of the
+    buffer's size are made and freed while the views live; none may land in the buffer."""
+    params = _RUNS + [((64,), "float32")]
 
     def body(bb, xs):
-        rs = [bb.emit(CR.allreduce(x)) for x in xs]
-        later = [bb.emit(relax.op.multiply(r, r)) for r in rs]  # fresh intermediates while the views live
-        return rs + [bb.emit(relax.op.add(r, m)) for r, m in zip(rs, later)]
+        rs = [bb.emit(CR.allreduce(x)) for x in xs[:-1]]
+        t = xs[-1]
+        for _ in range(6):
+            t = bb.emit(relax.op.multiply(bb.emit(relax.op.add(t, relax.const(1.0, "float32"))), relax.const(2.0, "float32")))
+        return [bb.emit(relax.op.sum(relax.op.add(r, r))) for r in rs] + [bb.emit(relax.op.sum(t))]
 
     mod = _fn(params, body)
     new = CB.CombineCollectives()(mod)
-    assert _count(new, "allreduce") == 1
-    assert C.count_ops(new, ("memory.view",)) == 4
-    assert not [gv for gv in new.get_global_vars() if gv.name_hint.startswith("unpack")]
-    _same_results(mod, new, _args(params))
-    ex = tvm.compile(new, target="llvm", relax_pipeline=CR.pipeline("llvm"))
-    got = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in _args(params)])
-    first, *rest = _addresses(list(got)[:3])
-    assert [a - first for a in rest] == [64, 128]  # the aligned results share one buffer
+    assert C.count_ops(new, ("memory.view",)) == 3
+    _same_results(mod, new, _args(params, salt=3))
 
 
 def test_allgather_results_are_copied_out():
     """Over two ranks an allgather's results interleave the ranks' blocks: one unpack kernel copies
     them out (over one rank each is a run of the buffer, read in place)."""
     params = [((4,), "float32")] * 2
-    for group, views, unpacks in (([[0, 1]], 0, ["unpack_allgather"]), (ONE, 2, [])):
+    for group, views, unpacked in (([[0, 1]], 0, [2]), (ONE, 1, [1])):  # one rank: offsets 0 and 16
         mod = _fn(params, lambda bb, xs, g=group: [bb.emit(CR.allgather(x, group=g)) for x in xs])
         new = CB.CombineCollectives()(mod)
         assert C.count_ops(new, ("memory.view",)) == views
-        assert [gv.name_hint for gv in new.get_global_vars() if gv.name_hint.startswith("unpack")] == unpacks
+        assert _unpacked(new) == unpacked
     _same_results(mod, new, _args(params))
 
 

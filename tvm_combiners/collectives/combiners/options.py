@@ -9,7 +9,7 @@ from typing import Any
 from .keys import DEFAULT_THRESHOLD_BYTES, DEFAULT_THRESHOLD_COUNT, PASS_KINDS, pass_kind_of_key
 
 #: ``max_op_bytes="auto"``: the largest op worth packing. Packing copies every byte once or twice
-#: (the pack; the unpack in Relay and of an allgather's results) to save one collective's latency
+#: (the pack; the unpack in Relay, and in Relax of the results it cannot read in place) to save one collective's latency
 #: (~5 us on CPU MPI, ~10 us on NCCL): on CPU that pays only for small ops (break-even ~25-160 KiB
 #: at 5-30 GB/s of copy bandwidth; 16 x 1 MiB allreduces packed anyway still take 1.3x as long);
 #: GPU copies run at TB/s, so much larger ops still gain.

@@ -13,15 +13,15 @@ it is matched with, whichever families combine (OrderSendRecv runs first, so tha
 earlier); an impure call we do not know is a barrier (nothing moves across it). The region is
 re-emitted in the contracted order the planner returns. A combined group is: one pack kernel
 (``call_tir``), the collective on the flat buffer, and the results bound to the members' original
-variables (so users are untouched): views of the buffer where each result is one run of it, else
-the outputs of one unpack kernel.
+variables (so users are untouched): views of the buffer where a result is one run of it starting
+at a multiple of 64 bytes, the outputs of one unpack kernel for the others.
 
 Options (every pass): ``threshold_bytes`` / ``threshold_count`` bound one combined op (payload
 bytes per rank, exact; <= 0 or a count below 2 disables the pass); ``on_combine`` gets a
 :class:`~.options.CombineReport` per combined op; ``combine_by_dim`` (allgather, reduce_scatter)
 lets any axes share one op; keyword-only ``max_op_bytes`` leaves larger ops alone (``"auto"``:
 64 KiB when compiling for a CPU or outside a target, 8 MiB for GPU targets; None: no cap),
-because packing copies every byte (allgather results twice).
+because packing copies every byte (and unpacking some).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from tvm import ir, relax
 from .. import spec as S
 from ..combiners.driver import Unit, plan_combining
 from ..combiners.factories import pass_factories
-from ..combiners.keys import ChannelBook, PackPlan, ccl_key, collective_key, itemsize, plan_pack, transfer_key
+from ..combiners.keys import ChannelBook, PackPlan, Segment, ccl_key, collective_key, itemsize, plan_pack, transfer_key
 from ..combiners.options import CombinerOptions
 from ..combiners.planning import RegionPlan
 from ..ordering import OrderNode
@@ -44,6 +44,10 @@ from . import ops as C
 from . import tir_kernels
 
 _CCL = ("relax.ccl.allreduce", "relax.ccl.allgather")
+#: TVM's allocation alignment: ``ensure_zero_offset`` aliases a view at a multiple of it, and would
+#: allocate and copy (outside any CUDA graph's stream) at any other offset, so those results are
+#: copied out by the unpack kernel instead.
+ALIAS_ALIGN = 64
 
 
 
@@ -171,10 +175,11 @@ class _FunctionCombiner:
     def _var(self, name: str, ty: Any, dataflow: bool) -> relax.Var:
         return (relax.DataflowVar if dataflow else relax.Var)(name, ty)
 
-    def _kernel(self, make: Any, plan: PackPlan, prefix: str) -> tvm.ir.GlobalVar:
-        gv = self.kernels.get((make, plan))
+    def _kernel(self, make: Any, plan: PackPlan, prefix: str, *extra: Any) -> tvm.ir.GlobalVar:
+        key = (make, plan, *extra)
+        gv = self.kernels.get(key)
         if gv is None:
-            gv = self.kernels[(make, plan)] = self.bb.add_func(make(plan, prefix), prefix)
+            gv = self.kernels[key] = self.bb.add_func(make(plan, prefix, *extra), prefix)
         return gv
 
     def _pack_unpack(self, plan: PackPlan, operands: list[relax.Expr], dataflow: bool,
@@ -190,32 +195,37 @@ class _FunctionCombiner:
             out.append(relax.VarBinding(pack, self.bb.normalize(relax.call_tir(gv, operands, flat_ty))))
         bindings, reduced = collective(pack if operands else None)
         out += bindings
-        if results and plan.blocks_out == 1:  # every result is one contiguous run of the buffer
-            out += self._views(plan, reduced, results, dataflow)
-        elif results:
-            out += self._unpack(plan, reduced, results, dataflow, label)
+        if results:
+            viewed = [i for i, seg in enumerate(plan.segments)
+                      if plan.blocks_out == 1 and seg.offset * itemsize(seg.dtype) % ALIAS_ALIGN == 0]
+            copied = tuple(i for i in range(len(results)) if i not in viewed)
+            out += self._views(plan, reduced, [(plan.segments[i], results[i]) for i in viewed], dataflow)
+            if copied:
+                out += self._unpack(plan, reduced, copied, [results[i] for i in copied], dataflow, label)
         return out
 
-    def _unpack(self, plan: PackPlan, reduced: relax.Var, results: list[relax.Var], dataflow: bool,
-                label: str) -> list[relax.Binding]:
-        """The results copied out of the combined buffer by one kernel."""
-        tys = [relax.TensorType(list(s.result_shape), s.dtype) for s in plan.segments]
-        gv = self._kernel(tir_kernels.unpack_func, plan, f"unpack_{label}")
+    def _unpack(self, plan: PackPlan, reduced: relax.Var, which: tuple[int, ...], results: list[relax.Var],
+                dataflow: bool, label: str) -> list[relax.Binding]:
+        """The results of segments ``which`` copied out of the combined buffer by one kernel."""
+        tys = [relax.TensorType(list(plan.segments[i].result_shape), plan.segments[i].dtype) for i in which]
+        gv = self._kernel(tir_kernels.unpack_func, plan, f"unpack_{label}", which)
+        if len(tys) == 1:  # call_tir of one output returns the tensor itself
+            return [relax.VarBinding(results[0], self.bb.normalize(relax.call_tir(gv, [reduced], tys[0])))]
         parts = self._var("combined_parts", relax.TupleType(tys), dataflow)
         out = [relax.VarBinding(parts, self.bb.normalize(relax.call_tir(gv, [reduced], tys)))]
         return out + [relax.VarBinding(v, self.bb.normalize(relax.TupleGetItem(parts, i))) for i, v in enumerate(results)]
 
-    def _views(self, plan: PackPlan, reduced: relax.Var, results: list[relax.Var],
+    def _views(self, plan: PackPlan, reduced: relax.Var, results: list[tuple[Segment, relax.Var]],
                dataflow: bool) -> list[relax.Binding]:
-        """Each result read in place from the combined buffer: a view at its byte offset, then
-        ``ensure_zero_offset``, because legalized kernels insist on ``byte_offset == 0``. TVM
-        moves the offset into the data pointer where it keeps the pointer aligned (no copy, no
-        allocation) and copies the run where not; memory planning counts a view's uses as uses
-        of the buffer, so the buffer is not reused while a result lives."""
+        """Results read in place from the combined buffer: a view at the segment's byte offset (a
+        multiple of :data:`ALIAS_ALIGN`), then ``ensure_zero_offset``, because legalized kernels
+        insist on ``byte_offset == 0``; at such an offset TVM moves it into the data pointer (no
+        copy, no allocation: safe inside a CUDA graph too). Memory planning counts a view's uses as
+        uses of the buffer, so the buffer is not reused while a result lives."""
         out: list[relax.Binding] = []
-        for i, (seg, var) in enumerate(zip(plan.segments, results)):
+        for seg, var in results:
             offset = relax.prim_value(tvm.tirx.IntImm("int64", seg.offset * itemsize(seg.dtype)))
-            view = self._var(f"combined_view{i}", var.ty, dataflow)
+            view = self._var("combined_view", var.ty, dataflow)
             out.append(relax.VarBinding(view, self.bb.normalize(
                 relax.op.memory.view(reduced, relax.ShapeExpr(list(seg.result_shape)), seg.dtype, offset))))
             out.append(relax.VarBinding(var, self.bb.normalize(relax.op.memory.ensure_zero_offset(view))))

@@ -1,10 +1,10 @@
-"""The pack kernel of a combined collective and the unpack kernel of a combined allgather, as TIR (TVM 0.27).
+"""The pack and unpack kernels of a combined collective, as TIR (TVM 0.27).
 
 ``R.concat`` of 64 inputs costs more than the 64 collectives it would save (PLATFORM.md), so
 packing is one generated PrimFunc: a plain loop per operand (LLVM vectorizes it), reading and
-writing typed aliases of the flat buffer, so mixed dtypes need no casts. Unpacking is one too
-where a result is not one run of the combined buffer (an allgather over several ranks
-interleaves their blocks); other results are views (:mod:`.combiners`). Index maps follow
+writing typed aliases of the flat buffer, so mixed dtypes need no casts. Unpacking is one too,
+for the results that are not views (:mod:`.combiners`): an allgather's over several ranks
+(they interleave the ranks' blocks) and those at offsets TVM cannot alias. Index maps follow
 :mod:`..combiners.keys`.
 
 Built with TVMScript's IR builder, not by printing and parsing TVMScript: parsing costs ~12 ms
@@ -81,23 +81,26 @@ def pack_func(plan: PackPlan, name: str) -> Any:
     return _kernel(name, params, body)
 
 
-def unpack_func(plan: PackPlan, name: str) -> Any:
-    """``name(g, y0, ..., yk)`` reading every result of a combined allgather out of its buffer,
-    where rank r's block holds every operand: ``(n, P, A, Q) -> (P, n, A, Q)`` per operand."""
-    if plan.kind != "allgather":
-        raise ValueError(f"unpack_func: {plan.kind} results are runs of the buffer, read as views")
+def unpack_func(plan: PackPlan, name: str, which: tuple[int, ...]) -> Any:
+    """``name(g, y...)`` reading the results of segments ``which`` out of the combined buffer; an
+    allgather's rank r block holds every operand, so each result is ``(n, P, A, Q) -> (P, n, A, Q)``."""
     params = [("g", (plan.out_len,), plan.flat_dtype)]
-    params += [(f"y{i}", seg.result_shape, seg.dtype) for i, seg in enumerate(plan.segments)]
+    params += [(f"y{i}", plan.segments[i].result_shape, plan.segments[i].dtype) for i in which]
 
     def body(T: Any, bufs: list[Any]) -> None:
         ins = _aliases(T, plan, bufs[0], plan.out_len)
-        n = plan.blocks_out
-        for i, seg in enumerate(plan.segments):
+        for buf, i in zip(bufs[1:], which):
+            seg = plan.segments[i]
             size = math.prod(seg.result_shape)
             if size == 0:
                 continue
-            dst, src, stride, c = _flat(T, bufs[i + 1], seg, size), ins[seg.dtype], plan.stride(seg), seg.extent * seg.inner
-            _copy(T, i, (n, seg.outer, c), lambda r, p, k, src=src, dst=dst, stride=stride, seg=seg, c=c: T.buffer_store(
-                dst, src[r * stride + seg.offset + p * c + k], [p * (n * c) + r * c + k]))
+            dst, src, stride = _flat(T, buf, seg, size), ins[seg.dtype], plan.stride(seg)
+            if plan.kind == "allgather":
+                n = plan.blocks_out
+                c = seg.extent * seg.inner
+                _copy(T, i, (n, seg.outer, c), lambda r, p, k, src=src, dst=dst, stride=stride, seg=seg, n=n, c=c: T.buffer_store(
+                    dst, src[r * stride + seg.offset + p * c + k], [p * (n * c) + r * c + k]))
+            else:
+                _copy(T, i, (seg.chunk,), lambda j, src=src, dst=dst, seg=seg: T.buffer_store(dst, src[seg.offset + j], [j]))
 
     return _kernel(name, params, body)
