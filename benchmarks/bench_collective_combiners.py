@@ -5,15 +5,17 @@
 Launches its own 2 ranks (tvm_combiners.collectives.runtime.launcher); rank 0 prints one table.
 Each case is one Relax function holding k independent collectives of the given size per rank,
 compiled for llvm and called through the VM: ``before`` as written, ``after`` through
-``CombineCollectives`` (one pack kernel, one collective, the results read as views of its buffer), ``one op``: a single
-collective of the total size (``no op cap``: 1 MiB ops packed anyway, which ``max_op_bytes="auto"``
-refuses on CPU because copying a 1 MiB op costs more than one call's latency), and ``k-tensor VM``: a function that takes the same k tensors and
-returns them untouched (the VM's own cost of k arguments and k results, which ``before`` and
-``after`` pay and ``one op`` does not). The fastest of several batches (the machines are shared
-and MPI busy-polls, so medians mostly measure other processes), the slower rank's figure,
+``CombineCollectives`` (one pack kernel, one collective, the results read as views of its
+buffer), ``one op``: a single collective of the total size, and ``k-tensor VM``: a function that
+takes the same k tensors and returns them untouched (the VM's own cost of k arguments and k
+results, which ``before`` and ``after`` pay and ``one op`` does not). 64 KiB ops are the largest
+``max_op_bytes="auto"`` packs on CPU; it leaves larger ones alone, and ``no op cap`` packs them
+anyway, to show whether the cap's choice holds. The fastest of several batches (the machines are
+shared and MPI busy-polls, so medians mostly measure other processes), the slower rank's figure,
 microseconds per call, all from the same run. The two small allreduce cases run again between
-producers and consumers (``_in_function``: one kernel makes each operand, one reads each result), beside
-the same program without collectives, whose time the collectives' share leaves out.
+producers and consumers (``_in_function``: one kernel makes each operand, one reads each
+result), beside the same program without collectives, whose time the collectives' share leaves
+out.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from tvm_combiners.collectives.testing.cluster import add_cluster_options, launc
 CASES = (  # (name, op, count, bytes per op, max_op_bytes)
     ("64 x 4 KiB allreduce", "allreduce", 64, 4 << 10, "auto"),
     ("256 x 256 B allreduce", "allreduce", 256, 256, "auto"),
+    ("16 x 64 KiB allreduce", "allreduce", 16, 64 << 10, "auto"),
+    ("16 x 128 KiB allreduce", "allreduce", 16, 128 << 10, "auto"),
+    ("16 x 128 KiB, no op cap", "allreduce", 16, 128 << 10, None),
     ("16 x 1 MiB allreduce", "allreduce", 16, 1 << 20, "auto"),
     ("16 x 1 MiB, no op cap", "allreduce", 16, 1 << 20, None),
     ("64 x 4 KiB allgather", "allgather", 64, 4 << 10, "auto"),

@@ -11,8 +11,8 @@ from .keys import DEFAULT_THRESHOLD_BYTES, DEFAULT_THRESHOLD_COUNT, PASS_KINDS, 
 #: ``max_op_bytes="auto"``: the largest op worth packing. Packing copies every byte once or twice
 #: (the pack; the unpack in Relay, and in Relax of the results it cannot read in place) to save one
 #: collective's latency (~5 us on CPU MPI, ~10 us on NCCL): on CPU that pays only for small ops
-#: (Relax, 2 ranks on one host: 16 x 16 KiB allreduces packed 2.1x as fast, 16 x 64 KiB 1.05x,
-#: 16 x 128 KiB 0.99x, 8 x 512 KiB 0.89x); GPU copies run at TB/s, so much larger ops still gain.
+#: (break-even between 64 and 128 KiB an op: ``bench_collective_combiners.py``, docs/benchmarks.md);
+#: GPU copies run at TB/s, so much larger ops still gain.
 AUTO_MAX_OP_BYTES_CPU = 64 << 10
 AUTO_MAX_OP_BYTES_GPU = 8 << 20
 
