@@ -40,7 +40,7 @@ SWAP = [[0, 1], [1, 0]]
 
 def _iters(nbytes: int, quick: bool) -> tuple[int, int]:
     """(calls per batch, batches): short batches, many of them, so that one lands in a quiet moment."""
-    calls, batches = (100, 15) if nbytes <= 4096 else (10, 9) if nbytes <= 1 << 20 else (2, 7)
+    calls, batches = (100, 15) if nbytes <= 4096 else (10, 9) if nbytes <= 1 << 20 else (4, 9)
     return (max(calls // 10, 2), 3) if quick else (calls, batches)
 
 
