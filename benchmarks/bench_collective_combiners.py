@@ -99,6 +99,15 @@ def _compile(mod):
     return relax.VirtualMachine(ex, tvm.cpu())["main"]
 
 
+def _scaled(name: str, count: int, smoke: bool) -> tuple[str, int]:
+    """A smoke run's case: every code path at an eighth of its tensors (compiling 256 of them takes
+    most of a run)."""
+    if not smoke:
+        return name, count
+    count = max(2, count // 8)
+    return f"{count}{name[name.index(' x '):]}", count
+
+
 def _time(comm, fns, calls: int, batches: int) -> list[float]:
     """Microseconds per call of each function: batches interleaved (load drifts over time on shared
     machines), the fastest batch of each, the slower rank's figure."""
@@ -129,9 +138,7 @@ def rank_main(quick: bool, smoke: bool = False) -> None:
     n = comm.Get_size()
     rows = []
     for name, op, count, nbytes, cap in CASES:
-        if smoke:  # every case's code path at an eighth of its tensors: compiling 256 of them takes most of a run
-            count = max(2, count // 8)
-            name = f"{count}{name[name.index(' x '):]}"
+        name, count = _scaled(name, count, smoke)
         mod, args = _module(op, count, nbytes, n)
         combined = CB.CombineCollectives(max_op_bytes=cap)(mod)
         one, one_args = _module(op, 1, count * nbytes, n)
@@ -153,9 +160,7 @@ def rank_main(quick: bool, smoke: bool = False) -> None:
         rows.append((name, t_before, t_after, t_one, t_floor))
     inner = []
     for name, op, count, nbytes, _cap in CASES[:2]:  # the small allreduces again, between producers and consumers
-        if smoke:
-            count = max(2, count // 8)
-            name = f"{count}{name[name.index(' x '):]}"
+        name, count = _scaled(name, count, smoke)
         mod, args = _in_function(count, nbytes)
         combined = CB.CombineCollectives()(mod)
         one, one_args = _module(op, 1, count * nbytes, n)

@@ -146,6 +146,11 @@ class PackPlan:
         """One rank block, in elements of ``seg.dtype``."""
         return self.block * itemsize(self.flat_dtype) // itemsize(seg.dtype)
 
+    def run_offset(self, seg: Segment) -> int | None:
+        """The byte offset of ``seg``'s result in the combined result, where that result is one run
+        of it; None where the ranks' blocks interleave it (an allgather over several ranks)."""
+        return seg.offset * itemsize(seg.dtype) if self.blocks_out == 1 else None
+
     @property
     def total_bytes(self) -> int:
         return sum(s.size * itemsize(s.dtype) for s in self.segments)

@@ -36,7 +36,7 @@ from tvm import ir, relax
 from .. import spec as S
 from ..combiners.driver import Unit, plan_combining
 from ..combiners.factories import pass_factories
-from ..combiners.keys import ChannelBook, PackPlan, Segment, ccl_key, collective_key, itemsize, plan_pack, transfer_key
+from ..combiners.keys import ChannelBook, PackPlan, Segment, ccl_key, collective_key, plan_pack, transfer_key
 from ..combiners.options import CombinerOptions
 from ..combiners.planning import RegionPlan
 from ..ordering import OrderNode
@@ -196,10 +196,11 @@ class _FunctionCombiner:
         bindings, reduced = collective(pack if operands else None)
         out += bindings
         if results:
-            viewed = [i for i, seg in enumerate(plan.segments)
-                      if plan.blocks_out == 1 and seg.offset * itemsize(seg.dtype) % ALIAS_ALIGN == 0]
-            copied = tuple(i for i in range(len(results)) if i not in viewed)
-            out += self._views(plan, reduced, [(plan.segments[i], results[i]) for i in viewed], dataflow)
+            offsets = [plan.run_offset(seg) for seg in plan.segments]
+            viewed = [(offset, seg, var) for offset, seg, var in zip(offsets, plan.segments, results)
+                      if offset is not None and offset % ALIAS_ALIGN == 0]
+            copied = tuple(i for i, offset in enumerate(offsets) if offset is None or offset % ALIAS_ALIGN)
+            out += self._views(reduced, viewed, dataflow)
             if copied:
                 out += self._unpack(plan, reduced, copied, [results[i] for i in copied], dataflow, label)
         return out
@@ -215,19 +216,19 @@ class _FunctionCombiner:
         out = [relax.VarBinding(parts, self.bb.normalize(relax.call_tir(gv, [reduced], tys)))]
         return out + [relax.VarBinding(v, self.bb.normalize(relax.TupleGetItem(parts, i))) for i, v in enumerate(results)]
 
-    def _views(self, plan: PackPlan, reduced: relax.Var, results: list[tuple[Segment, relax.Var]],
+    def _views(self, reduced: relax.Var, results: list[tuple[int, Segment, relax.Var]],
                dataflow: bool) -> list[relax.Binding]:
-        """Results read in place from the combined buffer: a view at the segment's byte offset (a
-        multiple of :data:`ALIAS_ALIGN`), then ``ensure_zero_offset``, because legalized kernels
+        """Results read in place from the combined buffer, each (byte offset, segment, variable): a
+        view at the offset (a multiple of :data:`ALIAS_ALIGN`), then ``ensure_zero_offset``, because legalized kernels
         insist on ``byte_offset == 0``; at such an offset TVM moves it into the data pointer (no
         copy, no allocation: safe inside a CUDA graph too). Memory planning counts a view's uses as
         uses of the buffer, so the buffer is not reused while a result lives."""
         out: list[relax.Binding] = []
-        for seg, var in results:
-            offset = relax.prim_value(tvm.tirx.IntImm("int64", seg.offset * itemsize(seg.dtype)))
+        for offset, seg, var in results:
             view = self._var("combined_view", var.ty, dataflow)
+            at = relax.prim_value(tvm.tirx.IntImm("int64", offset))
             out.append(relax.VarBinding(view, self.bb.normalize(
-                relax.op.memory.view(reduced, relax.ShapeExpr(list(seg.result_shape)), seg.dtype, offset))))
+                relax.op.memory.view(reduced, relax.ShapeExpr(list(seg.result_shape)), seg.dtype, at))))
             out.append(relax.VarBinding(var, self.bb.normalize(relax.op.memory.ensure_zero_offset(view))))
         return out
 

@@ -58,7 +58,7 @@ def default_schedules() -> tvm.transform.Pass:
         scheduled = None
         # constants are marked only where their repacks can be hoisted: in the kernels they would run on
         # every call; and again without marks where TVM's split refuses the module all the same
-        for mark in ((True, False) if _hoistable(mod) else (False,)):
+        for mark in ((True, False) if _hoistable(_schedules(mod)) else (False,)):
             marks = [mark_constant_params()] if mark else []
             passes = [*marks, dlight.ApplyDefaultSchedule(*cpu_rules()), unmark_constant_params()]
             scheduled = tvm.transform.Sequential(passes)(_copy(mod))
@@ -123,17 +123,22 @@ def hoist_weight_repacks() -> tvm.transform.Pass:
     weights as they are (:func:`default_schedules` marks no constants there)."""
 
     def hoist(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        schedules = [s_tir.Schedule(f) for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)]
-        if not any(map(_repacks, schedules)) or not all(map(root_blocks, schedules)):
+        schedules = _schedules(mod)
+        if not any(map(_repacks, schedules)) or not _hoistable(schedules):
             return mod
         return relax.transform.FoldConstant()(relax.transform.SplitLayoutRewritePreproc()(mod))
 
     return tvm.transform.module_pass(hoist, opt_level=0, name="tvm_combiners.HoistWeightRepacks")
 
 
-def _hoistable(mod: tvm.IRModule) -> bool:
-    """Whether TVM's SplitLayoutRewritePreproc can visit every PrimFunc of ``mod`` (each has blocks)."""
-    return all(root_blocks(s_tir.Schedule(f)) for f in mod.functions.values() if isinstance(f, tirx.PrimFunc))
+def _schedules(mod: tvm.IRModule) -> list[s_tir.Schedule]:
+    return [s_tir.Schedule(f) for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)]
+
+
+def _hoistable(schedules: list[s_tir.Schedule]) -> bool:
+    """Whether TVM's SplitLayoutRewritePreproc can visit every PrimFunc of a module, given a schedule
+    of each (:func:`_schedules`): each must have blocks."""
+    return all(map(root_blocks, schedules))
 
 
 def _repacks(sch: s_tir.Schedule) -> bool:
