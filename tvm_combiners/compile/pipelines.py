@@ -9,6 +9,7 @@ from tvm import relax
 from tvm.relax.backend.cpu_generic import pipeline as cpu_generic  # its package exports two of the four lists
 from tvm.target import Target
 
+from .in_place import InPlaceCombinedBuffers
 from .legalize import legalizations
 from .schedules import default_schedules
 
@@ -27,7 +28,9 @@ def cpu_pipeline(target: Target, database: Any = None, schedules: bool = True) -
 
     ``database``: MetaSchedule's records applied first (the caller enters it as the current
     database); the default schedules take what it does not cover. ``schedules=False`` leaves them
-    out: without a database, that is TVM's llvm pipeline as it is.
+    out: without a database, that is TVM's llvm pipeline as it is. Once the functions have no
+    dataflow blocks, :func:`~.in_place.InPlaceCombinedBuffers` lets kernels read and write
+    combined collectives' buffers in place.
     """
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_combiners.CPUPipeline")
@@ -37,7 +40,9 @@ def cpu_pipeline(target: Target, database: Any = None, schedules: bool = True) -
             passes.append(relax.transform.MetaScheduleApplyDatabase())
         if schedules:
             passes.append(default_schedules())
-        passes += [*cpu_generic.dataflow_lower_passes(target), *cpu_generic.finalize_passes(target)]
+        lower = cpu_generic.dataflow_lower_passes(target)
+        at = next(i for i, p in enumerate(lower) if p.info.name == "CallTIRRewrite")
+        passes += [*lower[:at], InPlaceCombinedBuffers(), *lower[at:], *cpu_generic.finalize_passes(target)]
         with target:
             return tvm.transform.Sequential(passes)(mod)
 

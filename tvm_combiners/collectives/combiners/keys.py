@@ -151,6 +151,11 @@ class PackPlan:
         of it; None where the ranks' blocks interleave it (an allgather over several ranks)."""
         return seg.offset * itemsize(seg.dtype) if self.blocks_out == 1 else None
 
+    def operand_offset(self, seg: Segment) -> int | None:
+        """The byte offset of ``seg``'s operand in the packed input, where it is one run of it;
+        None where it is split over the ranks' blocks (a reduce_scatter over several ranks)."""
+        return seg.offset * itemsize(seg.dtype) if self.blocks_in == 1 else None
+
     @property
     def total_bytes(self) -> int:
         return sum(s.size * itemsize(s.dtype) for s in self.segments)

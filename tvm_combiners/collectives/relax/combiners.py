@@ -33,6 +33,7 @@ from typing import Any
 import tvm
 from tvm import ir, relax
 
+from ...compile.in_place import ALIGN
 from .. import spec as S
 from ..combiners.driver import Unit, plan_combining
 from ..combiners.factories import pass_factories
@@ -44,11 +45,6 @@ from . import ops as C
 from . import tir_kernels
 
 _CCL = ("relax.ccl.allreduce", "relax.ccl.allgather")
-#: TVM's allocation alignment: ``ensure_zero_offset`` aliases a view at a multiple of it, and would
-#: allocate and copy (outside any CUDA graph's stream) at any other offset, so those results are
-#: copied out by the unpack kernel instead.
-ALIAS_ALIGN = 64
-
 
 
 def _static(ty: Any) -> tuple[tuple[int, ...], str] | None:
@@ -196,10 +192,12 @@ class _FunctionCombiner:
         bindings, reduced = collective(pack if operands else None)
         out += bindings
         if results:
+            # ensure_zero_offset aliases a view at a multiple of ALIGN, and would allocate and copy
+            # (outside any CUDA graph's stream) at any other offset: the unpack kernel copies those
             offsets = [plan.run_offset(seg) for seg in plan.segments]
             viewed = [(offset, seg, var) for offset, seg, var in zip(offsets, plan.segments, results)
-                      if offset is not None and offset % ALIAS_ALIGN == 0]
-            copied = tuple(i for i, offset in enumerate(offsets) if offset is None or offset % ALIAS_ALIGN)
+                      if offset is not None and offset % ALIGN == 0]
+            copied = tuple(i for i, offset in enumerate(offsets) if offset is None or offset % ALIGN)
             out += self._views(reduced, viewed, dataflow)
             if copied:
                 out += self._unpack(plan, reduced, copied, [results[i] for i in copied], dataflow, label)
@@ -219,7 +217,7 @@ class _FunctionCombiner:
     def _views(self, reduced: relax.Var, results: list[tuple[int, Segment, relax.Var]],
                dataflow: bool) -> list[relax.Binding]:
         """Results read in place from the combined buffer, each (byte offset, segment, variable): a
-        view at the offset (a multiple of :data:`ALIAS_ALIGN`), then ``ensure_zero_offset``, because legalized kernels
+        view at the offset (a multiple of :data:`ALIGN`), then ``ensure_zero_offset``, because legalized kernels
         insist on ``byte_offset == 0``; at such an offset TVM moves it into the data pointer (no
         copy, no allocation: safe inside a CUDA graph too). Memory planning counts a view's uses as
         uses of the buffer, so the buffer is not reused while a result lives."""

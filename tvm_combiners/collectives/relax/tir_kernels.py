@@ -14,9 +14,10 @@ per operand, over ten times what building does.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
+from ...compile.in_place import OPERAND_OFFSETS
 from ..combiners.keys import PackPlan, Segment, itemsize
 
 
@@ -28,7 +29,8 @@ def _copy(T: Any, i: int, extents: tuple[int, ...], store: Callable[..., None]) 
             store(*axes)
 
 
-def _kernel(name: str, params: list[tuple[str, tuple[int, ...], str]], body: Callable[[Any, list[Any]], None]) -> Any:
+def _kernel(name: str, params: list[tuple[str, tuple[int, ...], str]], body: Callable[[Any, list[Any]], None],
+            attrs: dict[str, Any] | None = None) -> Any:
     from tvm.script.ir_builder import IRBuilder
     from tvm.script.ir_builder import tirx as T
 
@@ -36,19 +38,19 @@ def _kernel(name: str, params: list[tuple[str, tuple[int, ...], str]], body: Cal
         with T.prim_func(private=True, s_tir=True):
             T.func_name(name)
             bufs = [T.arg(p, T.buffer(shape, dtype)) for p, shape, dtype in params]
-            T.func_attr({"tirx.noalias": True, "op_pattern": 8})
+            T.func_attr({"tirx.noalias": True, "op_pattern": 8, **(attrs or {})})
             with T.sblock("root"):
                 body(T, bufs)
     return ib.get()
 
 
-def _aliases(T: Any, plan: PackPlan, flat: Any, length: int) -> dict[str, Any]:
-    """One typed view of the flat buffer per dtype among the segments."""
+def _aliases(T: Any, flat_dtype: str, dtypes: Iterable[str], flat: Any, length: int) -> dict[str, Any]:
+    """One typed view of the flat buffer per dtype in ``dtypes``."""
     names: dict[str, Any] = {}
-    for seg in plan.segments:
-        if seg.dtype not in names:
-            count = length * itemsize(plan.flat_dtype) // itemsize(seg.dtype)
-            names[seg.dtype] = T.decl_buffer((count,), seg.dtype, data=flat.data, layout=None)
+    for dtype in dtypes:
+        if dtype not in names:
+            count = length * itemsize(flat_dtype) // itemsize(dtype)
+            names[dtype] = T.decl_buffer((count,), dtype, data=flat.data, layout=None)
     return names
 
 
@@ -65,7 +67,7 @@ def pack_func(plan: PackPlan, name: str) -> Any:
     params.append(("out", (plan.in_len,), plan.flat_dtype))
 
     def body(T: Any, bufs: list[Any]) -> None:
-        outs = _aliases(T, plan, bufs[-1], plan.in_len)
+        outs = _aliases(T, plan.flat_dtype, [seg.dtype for seg in plan.segments], bufs[-1], plan.in_len)
         for i, seg in enumerate(plan.segments):
             if seg.size == 0:
                 continue
@@ -78,7 +80,8 @@ def pack_func(plan: PackPlan, name: str) -> Any:
             else:
                 _copy(T, i, (seg.size,), lambda j, src=src, dst=dst, seg=seg: T.buffer_store(dst, src[j], [seg.offset + j]))
 
-    return _kernel(name, params, body)
+    offsets = [plan.operand_offset(seg) for seg in plan.segments]
+    return _kernel(name, params, body, {OPERAND_OFFSETS: [-1 if o is None else o for o in offsets]})
 
 
 def unpack_func(plan: PackPlan, name: str, which: tuple[int, ...]) -> Any:
@@ -88,7 +91,7 @@ def unpack_func(plan: PackPlan, name: str, which: tuple[int, ...]) -> Any:
     params += [(f"y{i}", plan.segments[i].result_shape, plan.segments[i].dtype) for i in which]
 
     def body(T: Any, bufs: list[Any]) -> None:
-        ins = _aliases(T, plan, bufs[0], plan.out_len)
+        ins = _aliases(T, plan.flat_dtype, [seg.dtype for seg in plan.segments], bufs[0], plan.out_len)
         for buf, i in zip(bufs[1:], which):
             seg = plan.segments[i]
             size = math.prod(seg.result_shape)
