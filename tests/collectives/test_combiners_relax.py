@@ -476,9 +476,9 @@ def programs(draw):
     """Random collectives and compute with random dependencies (all at world size 1), and transfers
     left open across other steps on two shared channels (a review's swapped sends needed several
     transfers of one channel with collectives between them)."""
-    shapes = [(4,), (2, 3), (3, 2)]
+    shapes = [(4,), (2, 3), (3, 2), (16,), (2, 16)]  # the last two fill 64 bytes: kernels then work in place
     n_params = draw(st.integers(1, 3))
-    params = [(shapes[draw(st.integers(0, 2))], draw(st.sampled_from(["float32", "int32"]))) for _ in range(n_params)]
+    params = [(shapes[draw(st.integers(0, len(shapes) - 1))], draw(st.sampled_from(["float32", "int32"]))) for _ in range(n_params)]
     steps = draw(st.lists(st.tuples(st.integers(0, 8), st.integers(0, 10**6), st.integers(0, 10**6)), min_size=2, max_size=14))
     return params, steps
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import tvm
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from tvm import relax
 from tvm.script import tirx as T
 
@@ -178,3 +180,33 @@ def test_many_small_members():
     called, _ = _check(_program(shapes, lambda bb, xs, made: [bb.emit(relax.op.add(bb.emit(CR.allreduce(m)), ONE))
                                                                for m in made]), shapes, salt=7)
     assert not [c for c in called if c.startswith(("pack", "unpack"))]
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from([(16,), (2, 16), (32,), (4, 8), (5,)]), st.integers(0, 2), st.integers(0, 3)),
+                min_size=2, max_size=8), st.booleans())
+def test_generated_members(members, twice):
+    """Random members: each operand made by a kernel, a parameter, or a kernel's output read
+    elsewhere too; each result read by a kernel, returned, both, or by two kernels; ``twice``:
+    the kernels' outputs allreduced again. Results equal the uncombined program's."""
+    shapes = [shape for shape, _, _ in members]
+
+    def body(bb, xs, made):
+        outs, operands = [], []
+        for (_, source, _), x, m in zip(members, xs, made):
+            operands.append(x if source == 1 else m)
+            if source == 2:
+                outs.append(bb.emit(relax.op.subtract(m, ONE)))
+        for rnd in range(2 if twice else 1):
+            results = [bb.emit(CR.allreduce(v)) for v in operands]
+            operands = []
+            for (_, _, use), r in zip(members, results):
+                made_here = bb.emit(relax.op.add(r, ONE if rnd else TWO))
+                operands.append(made_here)
+                if use in (1, 2):
+                    outs.append(r)
+                if use == 3:
+                    outs.append(bb.emit(relax.op.multiply(r, r)))
+        return outs + operands
+
+    _check(_program(shapes, body), shapes, salt=len(members))
