@@ -477,3 +477,19 @@ def test_a_b_passed_in_keeps_its_layout():
     x, w = rng.standard_normal((16, 512)).astype(F32), rng.standard_normal((512, 64)).astype(F32)
     check_scheduled(mod, x @ w, [x, w])
 
+
+
+@pytest.mark.parametrize("params, body, want", [
+    ({"x": ((0,), F32)}, lambda bb, x: bb.emit(R.multiply(x, relax.const(2.0, F32))), lambda x: 2 * x),
+    ({"x": ((4, 0), F32), "w": ((0, 8), F32)}, lambda bb, x, w: bb.emit(R.matmul(x, w)), lambda x, w: x @ w),
+    ({"x": ((0, 16), F32), "w": ((16, 8), F32)}, lambda bb, x, w: bb.emit(R.nn.relu(bb.emit(R.matmul(x, w)))),
+     lambda x, w: np.maximum(x @ w, 0)),
+    ({"x": ((3, 0), F32)}, lambda bb, x: bb.emit(R.sum(x, axis=[1])), lambda x: x.sum(axis=1)),
+], ids=["elementwise", "gemm of depth 0", "gemm of no rows", "sum of nothing"])
+def test_empty_tensors_compile_and_compute_what_numpy_does(params, body, want):
+    """Kernels of empty tensors keep their loops (nothing to compute; a vectorized loop of extent 0
+    does not compile)."""
+    mod = make_module(params, body)
+    inputs = [np.ones(shape, dtype) for shape, dtype in params.values()]
+    got = run_vm(compile_module(mod, "llvm"), inputs)[0]
+    np.testing.assert_array_equal(got, want(*inputs))

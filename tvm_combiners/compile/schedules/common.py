@@ -46,13 +46,15 @@ class CPURule(dlight.ScheduleRule):
     ``reverse_compute_at`` moves a block that does not read the tile's output under the tile loop with
     its whole domain, and its consumers there then read what other threads have not written yet (a
     ReLU's backward ``where(x < 0, 0, dy @ w)``: wrong gradients with 2 threads, right with 1). Where
-    every attempt fails the function keeps its loops.
+    every attempt fails the function keeps its loops. A function with an empty tensor keeps them
+    too: it has nothing to compute, and LLVM's code generation refuses to vectorize a loop of
+    extent 0.
     """
 
     ATTEMPTS: tuple[tuple[Any, ...], ...] = ((),)
 
     def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm" or has_empty_param(func):
             return None
         for attempt in self.ATTEMPTS:
             try:
@@ -66,6 +68,12 @@ class CPURule(dlight.ScheduleRule):
 
     def _schedule(self, func: tirx.PrimFunc, target: Target, *attempt: Any) -> s_tir.Schedule | None:
         raise NotImplementedError
+
+
+def has_empty_param(func: tirx.PrimFunc) -> bool:
+    """A buffer parameter with a static extent of 0."""
+    return any(isinstance(p.ty, tirx.BufferType) and any(isinstance(d, tirx.IntImm) and int(d.value) == 0 for d in p.ty.shape)
+               for p in func.params)
 
 
 def shared_by_threads(func: tirx.PrimFunc) -> list[str]:
