@@ -144,6 +144,55 @@ def test_other_collectives():
     assert not [c for c in called if c.startswith(("pack", "unpack"))]
 
 
+def test_a_consumer_of_two_outputs():
+    """``split`` of a combined result: a kernel of two outputs reads the buffer in place."""
+    def body(bb, xs, made):
+        rs = [bb.emit(CR.allreduce(m)) for m in made]
+        parts = bb.emit(relax.op.split(rs[2], 2))
+        return [bb.emit(relax.TupleGetItem(parts, 0)), bb.emit(relax.TupleGetItem(parts, 1)), *rs[:2], rs[3]]
+
+    called, _ = _check(_program(SHAPES, body), SHAPES, salt=8)
+    assert "split_in_place" in called
+
+
+def test_a_kernel_output_read_through_a_view_and_combined():
+    """``y`` is read through a view of it by one kernel and allreduced: once that kernel reads ``y``
+    itself, ``y`` is still read twice, so its producer keeps its own output (and the pack stays)."""
+    shapes = [(32,), (16,)]
+
+    def body(bb, xs, made):
+        at = relax.prim_value(tvm.tirx.IntImm("int64", 64))
+        seen = bb.emit(relax.op.memory.ensure_zero_offset(bb.emit(relax.op.memory.view(made[0], relax.ShapeExpr([16]), "float32", at))))
+        return [bb.emit(relax.op.add(seen, ONE)), *[bb.emit(relax.op.add(bb.emit(CR.allreduce(m)), ONE)) for m in made]]
+
+    called, _ = _check(_program(shapes, body), shapes, salt=9)
+    assert called.count("pack_allreduce") == 1 and "add_in_place" in called
+
+
+def test_a_view_of_a_parameter_is_left_alone():
+    """A parameter may be a view with an offset of its own, which a kernel's parameter refuses:
+    only buffers the function allocates are read in place."""
+    buf = relax.Var("buf", relax.TensorType((64,), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [buf], pure=False):
+        at = relax.prim_value(tvm.tirx.IntImm("int64", 64))
+        seen = bb.emit(relax.op.memory.ensure_zero_offset(bb.emit(relax.op.memory.view(buf, relax.ShapeExpr([16]), "float32", at))))
+        bb.emit_func_output(relax.Tuple([bb.emit(relax.op.add(seen, ONE))]))
+    called, _ = _lowered(bb.get())
+    assert called == ["add"]
+    ex = tvm.compile(bb.get(), target="llvm", relax_pipeline=CR.pipeline("llvm"))
+    whole = tvm.runtime.tensor(np.arange(128, dtype="float32"))
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](whole._create_view((64,), "float32", 256))[0].numpy()
+    np.testing.assert_array_equal(got, np.arange(80, 96, dtype="float32") + 1)
+
+
+def test_kernels_no_call_is_left_to_are_dropped():
+    mod = CB.CombineCollectives()(_program(SHAPES, lambda bb, xs, made: [bb.emit(relax.op.add(bb.emit(CR.allreduce(m)), ONE))
+                                                                          for m in made]))
+    names = {gv.name_hint for gv in CR.pipeline("llvm")(mod).get_global_vars()}
+    assert "pack_allreduce" not in names and "add" not in names and {"add_in_place", "multiply_in_place"} <= names
+
+
 def test_nothing_to_do_leaves_the_module():
     mod = _program(SHAPES, lambda bb, xs, made: made)
     with tvm.target.Target("llvm"):
@@ -163,8 +212,9 @@ def test_a_kernel_at_an_offset_of_a_flat_buffer():
 
     sch = tvm.s_tir.Schedule(add_one)
     sch.vectorize(sch.get_loops(sch.get_sblock("c"))[1])
-    func = at_offsets(sch.mod["main"], [0, 1], [(256, "float32"), (128, "float32")], 1)
+    func = at_offsets(sch.mod["main"].with_attr("layout_free_buffers", [0, 1]), [0, 1], [(256, "float32"), (128, "float32")], 1)
     assert [p.name for p in func.params] == ["a_flat", "a_at", "b_at", "b_flat"]
+    assert list(func.attrs["layout_free_buffers"]) == []  # the replaced parameters are flat buffers now
     ex = tvm.compile(tvm.IRModule({"f": func.with_attr("global_symbol", "f")}), target="llvm")
     src, dst = np.arange(256, dtype="float32"), np.zeros(128, "float32")
     out = tvm.runtime.tensor(dst)

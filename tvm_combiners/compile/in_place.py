@@ -7,15 +7,17 @@ small members outweighs the collective. With the kernels scheduled and final, th
 away:
 
 - a ``call_tir`` argument that is ``ensure_zero_offset(view(buf, ...))`` of a 1-D ``buf`` at a
-  multiple of :data:`ALIGN` bytes becomes ``buf`` and the element offset: a variant of the kernel
-  declares its parameter at that element of ``buf``;
+  multiple of :data:`ALIGN` bytes, where ``buf`` is allocated in the function (so its own offset
+  is 0), becomes ``buf`` and the element offset: a variant of the kernel declares its parameter at
+  that element of ``buf``;
 - where every operand of a pack kernel (a PrimFunc with the :data:`OPERAND_OFFSETS` attribute) is
   the one output of a ``call_tir`` that nothing else reads, at an aligned offset, those producers
   write into the packed buffer themselves, chained in place on it (the first allocates it), and the
   pack kernel is gone.
 
 It runs on functions without dataflow blocks (after ``ToNonDataflow``) and before
-``CallTIRRewrite``; bindings inside ``If`` branches are left as they are.
+``CallTIRRewrite``; bindings inside ``If`` branches are left as they are, and so are the kernels
+no call is left to.
 """
 
 from __future__ import annotations
@@ -29,9 +31,11 @@ from tvm import relax, tirx
 from tvm.s_tir import stmt as S
 
 from ..core.graph import parse_dtype_bits
+from ..relax.module import static_tensor
+from .schedules.common import CONSTANT_PARAMS
 
-#: TVM's allocation alignment: a view at a multiple of it is as aligned as the buffer, which lets a
-#: kernel compiled for an aligned parameter read it in place.
+#: TVM's allocation alignment, which a kernel's buffer parameter declares (``data_alignment``): a
+#: view at a multiple of it keeps that promise, so only such views become the parameter in place.
 ALIGN = 64
 #: A pack kernel's attribute: each operand's byte offset in the packed buffer (-1 where it is not
 #: one run of it).
@@ -40,6 +44,10 @@ OPERAND_OFFSETS = "tvm_combiners.operand_offsets"
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 _VIEW = tvm.ir.Op.get("relax.memory.view")
 _ZERO_OFFSET = tvm.ir.Op.get("relax.memory.ensure_zero_offset")
+#: Function attributes that name parameters by index.
+_PARAM_INDEX_ATTRS = ("layout_free_buffers", CONSTANT_PARAMS)
+#: Calls whose result is a tensor of its own, at offset 0 of its storage.
+_FRESH = tuple(tvm.ir.Op.get(f"relax.{name}") for name in ("builtin.alloc_tensor", "call_tir", "call_dps_packed"))
 
 
 def _children(expr: Any) -> Iterator[Any]:
@@ -72,6 +80,15 @@ def _uses(expr: Any, counts: Counter) -> Counter:
     return counts
 
 
+def _called(mod: tvm.IRModule) -> set[tvm.ir.GlobalVar]:
+    """The global functions the Relax functions of ``mod`` name."""
+    found: set[tvm.ir.GlobalVar] = set()
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func.body, lambda e: found.add(e) if isinstance(e, tvm.ir.GlobalVar) else None)
+    return found
+
+
 def _bytes(dtype: str) -> int:
     return parse_dtype_bits(dtype) // 8
 
@@ -80,18 +97,9 @@ def _is_call(value: Any, op: tvm.ir.Op) -> bool:
     return isinstance(value, relax.Call) and value.op.same_as(op)
 
 
-def _static(ty: Any) -> tuple[tuple[int, ...], str] | None:
-    """A tensor type's static shape and dtype."""
-    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    if not all(isinstance(d, tirx.IntImm) for d in ty.shape.values):
-        return None
-    return tuple(int(d.value) for d in ty.shape.values), str(ty.dtype)
-
-
 def _static_1d(ty: Any) -> tuple[int, str] | None:
     """A 1-D tensor type's static length and dtype."""
-    static = _static(ty)
+    static = static_tensor(ty)
     return (static[0][0], static[1]) if static is not None and len(static[0]) == 1 else None
 
 
@@ -108,19 +116,24 @@ def _param_fits(param: Any, shape: tuple[int, ...], dtype: str) -> bool:
 
 
 class _Function:
-    def __init__(self, bb: relax.BlockBuilder, prims: dict[Any, tirx.PrimFunc], variants: dict[Any, tvm.ir.GlobalVar]) -> None:
-        self.bb, self.prims, self.variants = bb, prims, variants
+    def __init__(self, bb: relax.BlockBuilder, prims: dict[Any, tirx.PrimFunc], variants: dict[Any, Any],
+                 replaced: set[tvm.ir.GlobalVar]) -> None:
+        self.bb, self.prims, self.variants, self.replaced = bb, prims, variants, replaced
 
     def prim(self, gv: Any) -> tirx.PrimFunc | None:
         return self.prims.get(gv)
 
     def variant(self, gv: tvm.ir.GlobalVar, which: tuple[int, ...], flats: tuple[tuple[int, str], ...],
-                insert_at: int) -> tvm.ir.GlobalVar:
+                insert_at: int) -> tvm.ir.GlobalVar | None:
+        """The kernel ``gv`` through :func:`at_offsets` (once per form), None where it cannot be."""
         key = (gv, which, flats, insert_at)
         if key not in self.variants:
             func = at_offsets(self.prims[gv], which, flats, insert_at)
-            self.variants[key] = new = self.bb.add_func(func, f"{gv.name_hint}_in_place")
-            self.prims[new] = func
+            new = None if func is None else self.bb.add_func(func, f"{gv.name_hint}_in_place")
+            if new is not None:
+                self.prims[new] = func
+            self.variants[key] = new
+        self.replaced.add(gv)
         return self.variants[key]
 
     def rewrite(self, func: relax.Function) -> relax.Function | None:
@@ -150,7 +163,10 @@ class _Function:
         if at_view is None or not _is_call(bindings[at_view].value, _VIEW):
             return None
         buf, _shape, dtype, offset = bindings[at_view].value.args
-        flat = _static_1d(buf.ty) if isinstance(buf, relax.Var) else None
+        at_buf = bound.get(buf) if isinstance(buf, relax.Var) else None
+        if at_buf is None or not any(_is_call(bindings[at_buf].value, op) for op in _FRESH):
+            return None  # a parameter or a view may carry an offset of its own
+        flat = _static_1d(buf.ty)
         if flat is None or str(getattr(dtype, "value", None)) != flat[1]:
             return None
         if not isinstance(offset, tirx.IntImm):
@@ -171,10 +187,11 @@ class _Function:
             which, flats, offsets, dropped = [], [], [], []
             for k, arg in enumerate(args):
                 view = self._view(arg, bound, bindings) if isinstance(arg, relax.Var) else None
-                static = _static(arg.ty) if view is not None else None
+                static = static_tensor(arg.ty) if view is not None else None
                 if static is None or not _param_fits(func.params[k], *static):
                     continue
                 buf, elem, at_view = view
+                uses[buf] += 1
                 which.append(k)
                 flats.append(_static_1d(buf.ty))
                 offsets.append(relax.prim_value(tirx.IntImm("int64", elem)))
@@ -183,8 +200,13 @@ class _Function:
             if not which:
                 continue
             gv = self.variant(call.args[0], tuple(which), tuple(flats), len(args))
-            tys = list(call.ty_args)
-            out[i] = relax.VarBinding(b.var, relax.call_tir(gv, args + offsets, tys if len(tys) > 1 else tys[0]))
+            if gv is None:
+                for _var, at_view in dropped:
+                    uses[bindings[at_view].value.args[0]] -= 1
+                continue
+            out_ty = call.ty_args[0]  # several outputs: one tuple type
+            out_ty = list(out_ty.fields) if isinstance(out_ty, relax.TupleType) else out_ty
+            out[i] = relax.VarBinding(b.var, relax.call_tir(gv, args + offsets, out_ty))
             changed = True
             for var, at_view in dropped:
                 uses[var] -= 1
@@ -210,14 +232,19 @@ class _Function:
             if offsets is None or flat is None or any(int(o) < 0 for o in offsets):
                 continue
             operands = list(b.value.args[1].fields)
-            if not all(self._writes_into(a, int(offsets[k]), flat, bound, out, uses) for k, a in enumerate(operands)):
+            if len(offsets) != len(operands) or not all(
+                    self._writes_into(a, int(offsets[k]), flat, bound, out, uses) for k, a in enumerate(operands)):
+                continue
+            chain = sorted((bound[a], k) for k, a in enumerate(operands))
+            kernels = []
+            for at, _ in chain:
+                n_args = len(out[at].value.args[1].fields)
+                kernels.append(self.variant(out[at].value.args[0], (n_args,), (flat,), n_args))
+            if None in kernels:
                 continue
             part = None
-            chain = sorted((bound[a], k) for k, a in enumerate(operands))
-            for n, (at, k) in enumerate(chain):
-                producer = out[at].value
-                args = list(producer.args[1].fields)
-                gv = self.variant(producer.args[0], (len(args),), (flat,), len(args))
+            for n, ((at, k), gv) in enumerate(zip(chain, kernels)):
+                args = list(out[at].value.args[1].fields)
                 offset = relax.prim_value(tirx.IntImm("int64", int(offsets[k]) // _bytes(flat[1])))
                 var = b.var if n == len(chain) - 1 else relax.Var(f"{b.var.name}_part", b.var.ty)
                 if part is None:
@@ -226,6 +253,7 @@ class _Function:
                     value = relax.call_tir_inplace(gv, [*args, offset, part], len(args) + 1, b.var.ty)
                 out[at], part = relax.VarBinding(var, value), var
             out[i] = None
+            self.replaced.add(b.value.args[0])
             changed = True
         return out, changed
 
@@ -239,18 +267,22 @@ class _Function:
         if at is None or bindings[at] is None or not _is_call(bindings[at].value, _CALL_TIR):
             return False
         call = bindings[at].value
-        func, static = self.prim(call.args[0]), _static(operand.ty)
-        return (func is not None and len(call.ty_args) == 1 and static is not None and static[1] == flat[1]
+        func, static = self.prim(call.args[0]), static_tensor(operand.ty)
+        return (func is not None and isinstance(call.ty_args[0], relax.TensorType) and static is not None and static[1] == flat[1]
                 and len(func.params) == len(call.args[1].fields) + 1 and _param_fits(func.params[-1], *static))
 
 
-def at_offsets(func: Any, which: Sequence[int], flats: Sequence[tuple[int, str]], insert_at: int) -> Any:
+def at_offsets(func: tirx.PrimFunc, which: Sequence[int], flats: Sequence[tuple[int, str]],
+               insert_at: int) -> tirx.PrimFunc | None:
     """``func`` with each buffer parameter ``which[i]`` replaced by a flat buffer of
     ``flats[i] = (length, dtype)`` and an int64 element offset into it (the offsets inserted, in
     order, at parameter ``insert_at`` of the original list): the body declares the old parameter at
     that element, so the scheduled kernel reads or writes the flat buffer in place. The caller
-    passes offsets at which the flat buffer is as aligned as the parameter was (its
-    ``data_alignment``: code generation may rely on it)."""
+    passes offsets that keep the parameter's declared alignment. None where the root block matches
+    buffers (they could name a replaced parameter before its declaration)."""
+    body = func.body
+    if isinstance(body, S.SBlockRealize) and len(body.block.match_buffers):
+        return None
     params = list(func.params)
     decls, offsets = [], []
     for k, (length, dtype) in zip(which, flats):
@@ -261,7 +293,6 @@ def at_offsets(func: Any, which: Sequence[int], flats: Sequence[tuple[int, str]]
         params[k] = flat
         offsets.append(at)
     params[insert_at:insert_at] = offsets
-    body = func.body
     if isinstance(body, S.SBlockRealize):  # inside the root block, where a kernel's declarations live
         root = body.block
         root = S.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, tirx.SeqStmt([*decls, root.body]),
@@ -269,7 +300,12 @@ def at_offsets(func: Any, which: Sequence[int], flats: Sequence[tuple[int, str]]
         body = S.SBlockRealize(body.iter_values, body.predicate, root)
     else:
         body = tirx.SeqStmt([*decls, body])
-    func = func.without_attr("global_symbol")  # the variant is a function of its own
+    # the variant is a function of its own, no pack kernel, and its parameters moved
+    func = func.without_attr("global_symbol").without_attr(OPERAND_OFFSETS)
+    for name in _PARAM_INDEX_ATTRS:
+        if func.attrs is not None and name in func.attrs:
+            moved = [int(i) + (len(offsets) if int(i) >= insert_at else 0) for i in func.attrs[name] if int(i) not in which]
+            func = func.with_attr(name, moved)
     return tirx.PrimFunc(params, body, func.ret_type, func.attrs)
 
 
@@ -281,11 +317,12 @@ def InPlaceCombinedBuffers() -> tvm.transform.Pass:  # noqa: N802 (a pass factor
     def run(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         bb = relax.BlockBuilder(mod)
         prims = {gv: f for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)}
-        variants: dict[Any, tvm.ir.GlobalVar] = {}
+        variants: dict[Any, Any] = {}
+        replaced: set[tvm.ir.GlobalVar] = set()
         updates = {}
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
-                new = _Function(bb, prims, variants).rewrite(func)
+                new = _Function(bb, prims, variants, replaced).rewrite(func)
                 if new is not None:
                     updates[gv] = new
         if not updates:
@@ -293,6 +330,11 @@ def InPlaceCombinedBuffers() -> tvm.transform.Pass:  # noqa: N802 (a pass factor
         out = bb.get()
         for gv, func in updates.items():
             out[gv] = relax.BlockBuilder().normalize(func)
+        called = _called(out)
+        for gv in replaced:  # a private kernel no call is left to would still be compiled
+            func = out[gv]
+            if gv not in called and (func.attrs is None or "global_symbol" not in func.attrs):
+                del out[gv]
         return out
 
     return run

@@ -28,9 +28,9 @@ def cpu_pipeline(target: Target, database: Any = None, schedules: bool = True) -
 
     ``database``: MetaSchedule's records applied first (the caller enters it as the current
     database); the default schedules take what it does not cover. ``schedules=False`` leaves them
-    out: without a database, that is TVM's llvm pipeline as it is. Once the functions have no
-    dataflow blocks, :func:`~.in_place.InPlaceCombinedBuffers` lets kernels read and write
-    combined collectives' buffers in place.
+    out: without a database, that is TVM's llvm pipeline as it is, but for
+    :func:`~.in_place.InPlaceCombinedBuffers` (once the functions have no dataflow blocks), which
+    lets kernels read and write combined collectives' buffers in place and changes nothing else.
     """
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_combiners.CPUPipeline")
@@ -41,7 +41,7 @@ def cpu_pipeline(target: Target, database: Any = None, schedules: bool = True) -
         if schedules:
             passes.append(default_schedules())
         lower = cpu_generic.dataflow_lower_passes(target)
-        at = next(i for i, p in enumerate(lower) if p.info.name == "CallTIRRewrite")
+        at = next((i for i, p in enumerate(lower) if p.info.name == "CallTIRRewrite"), len(lower))
         passes += [*lower[:at], InPlaceCombinedBuffers(), *lower[at:], *cpu_generic.finalize_passes(target)]
         with target:
             return tvm.transform.Sequential(passes)(mod)

@@ -1,11 +1,23 @@
-"""Replacing a Relax module's functions the way every module pass of the package does."""
+"""Replacing a Relax module's functions the way every module pass of the package does, and reading
+a tensor type's static shape."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import tvm
 from tvm import relax
+
+
+def static_tensor(ty: Any) -> tuple[tuple[int, ...], str] | None:
+    """A tensor type's shape and dtype where every extent is a constant; None otherwise."""
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    dims = list(ty.shape.values)
+    if not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
+        return None
+    return tuple(int(d.value) for d in dims), str(ty.dtype)
 
 
 def with_functions(mod: tvm.IRModule, updates: Mapping[tvm.ir.GlobalVar, tvm.ir.BaseFunc]) -> tvm.IRModule:

@@ -34,6 +34,7 @@ import tvm
 from tvm import ir, relax
 
 from ...compile.in_place import ALIGN
+from ...relax.module import static_tensor
 from .. import spec as S
 from ..combiners.driver import Unit, plan_combining
 from ..combiners.factories import pass_factories
@@ -45,17 +46,6 @@ from . import ops as C
 from . import tir_kernels
 
 _CCL = ("relax.ccl.allreduce", "relax.ccl.allgather")
-
-
-def _static(ty: Any) -> tuple[tuple[int, ...], str] | None:
-    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    dims = []
-    for v in ty.shape.values:
-        if not isinstance(v, tvm.tirx.IntImm):
-            return None
-        dims.append(int(v.value))
-    return tuple(dims), str(ty.dtype)
 
 
 @dataclasses.dataclass
@@ -85,7 +75,7 @@ def _classify(binding: Any, opts: CombinerOptions) -> _Op | None:
             return _Op("recv", transfer_key(spec, spec.dtype), spec.shape, spec.dtype, spec=spec, call=call)
         if spec.kind == "after_all":
             return None
-        payload = _static(call.args[0].ty)
+        payload = static_tensor(call.args[0].ty)
         if payload is None:
             return None
         if spec.kind == "send":
@@ -93,7 +83,7 @@ def _classify(binding: Any, opts: CombinerOptions) -> _Op | None:
         key = collective_key(spec, payload[1], opts.combine_by_dim)
         return _Op(spec.kind, key, *payload, axis=spec.axis or 0, group_size=spec.group_size or 1, spec=spec, call=call)
     if call.op.name in _CCL:
-        payload = _static(call.args[0].ty)
+        payload = static_tensor(call.args[0].ty)
         if payload is None or payload[1] not in S.SUPPORTED_DTYPES or (call.op.name == "relax.ccl.allgather" and not payload[0]):
             return None  # TVM's ops take bool, float8, ...: we pack only what our own ops carry
         name = call.op.name.removeprefix("relax.")

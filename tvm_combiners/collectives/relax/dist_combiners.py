@@ -24,10 +24,11 @@ import tvm
 from tvm import ir, relax
 
 from ...core.driver import gc_paused
+from ...relax.module import static_tensor
 from .. import spec as S
 from ..combiners.keys import DEFAULT_THRESHOLD_BYTES, DEFAULT_THRESHOLD_COUNT, plan_pack
 from ..combiners.options import CombinerOptions, make_options
-from .combiners import _combine_module, _FunctionCombiner, _Op, _static
+from .combiners import _combine_module, _FunctionCombiner, _Op
 
 PASS_NAME = "BroadcastScatterCombiner"
 BROADCAST, SCATTER = "relax.ccl.broadcast_from_worker0", "relax.ccl.scatter_from_worker0"
@@ -51,7 +52,7 @@ class _TransferCombiner(_FunctionCombiner):
         call = binding.value
         if not isinstance(call.op, ir.Op) or call.op.name not in (BROADCAST, SCATTER):
             return None
-        payload = _static(call.args[0].ty)
+        payload = static_tensor(call.args[0].ty)
         if payload is None or payload[1] not in S.SUPPORTED_DTYPES or not payload[0]:
             return None  # symbolic shapes, bool, float8, scalars: left as they are
         shape, dtype = payload

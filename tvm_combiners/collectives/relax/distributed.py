@@ -33,7 +33,7 @@ from tvm.target import Target
 
 from ...compile.legalize import legalizations
 from ...compile.pipelines import default_pipeline
-from ...relax.module import rewrite_functions, with_functions
+from ...relax.module import rewrite_functions, static_tensor, with_functions
 from .dist_combiners import BroadcastScatterCombiner
 
 _SHARDING, _REPLICA = 0, 1  # PlacementSpec.kind
@@ -165,7 +165,7 @@ class _ConstantOperands(relax.PyExprMutator):
         specs = [(int(s.kind), int(s.axis)) for s in expr.attrs.placement.dim_specs]
         if const is not None and any(kind == _SHARDING for kind, _ in specs):
             raise ShardingError(f"tvm_combiners.ConstantOperands: R.dist.annotate_sharding in function "
-                                f"'{self.func_name}' shards a constant of shape {_static_shape(const.ty)} "
+                                f"'{self.func_name}' shards a constant of shape {_shape_of(const.ty)} "
                                 f"({_placement_text(specs)}): TVM's PropagateSharding cannot shard a constant; pass it as a "
                                 "parameter")
         return const  # every rank holds the whole constant: replicated already
@@ -219,7 +219,7 @@ class _LocalConstants(relax.PyExprMutator):
             return const
         self.changed = True
         if any(kind == _SHARDING for kind, _ in _placements(ty)):  # PropagateSharding refuses these itself
-            raise ShardingError(f"tvm_combiners.LocalConstants: a constant of shape {_static_shape(ty.tensor_ty)} "
+            raise ShardingError(f"tvm_combiners.LocalConstants: a constant of shape {_shape_of(ty.tensor_ty)} "
                                 f"is sharded ({_placement_text(_placements(ty))}): pass it as a parameter")
         return tvm.ir.expr.GenericConst(const.value, ty.tensor_ty)
 
@@ -324,11 +324,9 @@ def _transfers(func: relax.Function) -> dict[int, relax.VarBinding]:
     return out
 
 
-def _static_shape(ty: Any) -> tuple[int, ...] | None:
-    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    dims = list(ty.shape.values)
-    return tuple(int(d.value) for d in dims) if all(isinstance(d, tvm.tirx.IntImm) for d in dims) else None
+def _shape_of(ty: Any) -> tuple[int, ...] | None:
+    static = static_tensor(ty)
+    return static[0] if static is not None else None
 
 
 def _lowered(mod: tvm.IRModule, target: Any) -> tvm.IRModule:
@@ -362,7 +360,7 @@ def shard_inputs(mod: tvm.IRModule, target: Any = "llvm") -> ShardPlan:
         found = []
         for index, b in sorted(_transfers(func).items()):
             param, call = func.params[index], b.value
-            shape, local = _static_shape(param.ty), _static_shape(b.var.ty)
+            shape, local = _shape_of(param.ty), _shape_of(b.var.ty)
             if shape is None or local is None:
                 continue  # a symbolic shape: no fixed block to cut
             scatter = call.op.name == _SCATTER
