@@ -232,7 +232,7 @@ def test_many_small_members():
     assert not [c for c in called if c.startswith(("pack", "unpack"))]
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.sampled_from([(16,), (2, 16), (32,), (4, 8), (5,)]), st.integers(0, 2), st.integers(0, 3)),
                 min_size=2, max_size=8), st.booleans())
 def test_generated_members(members, twice):
