@@ -193,6 +193,34 @@ def test_kernels_no_call_is_left_to_are_dropped():
     assert "pack_allreduce" not in names and "add" not in names and {"add_in_place", "multiply_in_place"} <= names
 
 
+@T.prim_func(private=True, s_tir=True)
+def _triple_matched(a: T.Buffer((16,), "float32"), b: T.Buffer((16,), "float32")):
+    with T.sblock("root"):
+        whole = T.match_buffer(a[0:16], (16,))
+        for i in range(16):
+            with T.sblock("c"):
+                vi = T.axis.remap("S", [i])
+                b[vi] = whole[vi] * T.float32(3)
+
+
+def test_a_kernel_matching_buffers_in_its_root_block_keeps_its_parameters():
+    """A root block that matches buffers could name a replaced parameter before its declaration:
+    that kernel keeps its own output (so the pack stays) and its own input (so the view stays), and
+    no variant made for the chain it ended is left behind."""
+    xs = [relax.Var(f"x{i}", relax.TensorType((16,), "float32")) for i in range(2)]
+    ty = relax.TensorType((16,), "float32")
+    bb = relax.BlockBuilder()
+    matched = bb.add_func(_triple_matched, "triple_matched")
+    with bb.function("main", xs, pure=False):
+        made = [bb.emit(relax.call_tir(matched, [xs[0]], ty)), bb.emit(relax.op.multiply(xs[1], TWO))]
+        rs = [bb.emit(CR.allreduce(m)) for m in made]
+        bb.emit_func_output(relax.Tuple([bb.emit(relax.call_tir(matched, [rs[0]], ty)), bb.emit(relax.op.add(rs[1], ONE))]))
+    called, _ = _check(bb.get(), [(16,), (16,)], salt=10)
+    assert called.count("triple_matched") == 2 and "pack_allreduce" in called
+    names = {gv.name_hint for gv in CR.pipeline("llvm")(CB.CombineCollectives()(bb.get())).get_global_vars()}
+    assert not {n for n in names if n.endswith("_in_place")} - set(called)
+
+
 def test_nothing_to_do_leaves_the_module():
     mod = _program(SHAPES, lambda bb, xs, made: made)
     with tvm.target.Target("llvm"):

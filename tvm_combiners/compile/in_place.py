@@ -331,7 +331,8 @@ def InPlaceCombinedBuffers() -> tvm.transform.Pass:  # noqa: N802 (a pass factor
         for gv, func in updates.items():
             out[gv] = relax.BlockBuilder().normalize(func)
         called = _called(out)
-        for gv in replaced:  # a private kernel no call is left to would still be compiled
+        made = {gv for gv in variants.values() if gv is not None}  # some unused where a chain gave up
+        for gv in replaced | made:  # a private kernel no call is left to would still be compiled
             func = out[gv]
             if gv not in called and (func.attrs is None or "global_symbol" not in func.attrs):
                 del out[gv]
