@@ -15,7 +15,8 @@ shared and MPI busy-polls, so medians mostly measure other processes), the slowe
 microseconds per call, all from the same run. The two small allreduce cases run again between
 producers and consumers (``_in_function``: one kernel makes each operand, one reads each
 result), beside the same program without collectives, whose time the collectives' share leaves
-out.
+out; there the kernels write the packed buffer and read the combined one themselves
+(``tvm_combiners.compile.in_place``), so neither a pack kernel nor a view is left.
 """
 
 from __future__ import annotations
