@@ -141,6 +141,8 @@ class _Function:
         if any(isinstance(b, relax.DataflowBlock) for b in blocks):
             return None
         bindings = [b for block in blocks for b in block.bindings]
+        if not any(_is_call(b.value, _ZERO_OFFSET) or self._pack_offsets(b.value) is not None for b in bindings):
+            return None  # nothing to work on (most functions): skip counting uses
         uses = _uses(func.body, Counter())
         bindings, read = self._consumers(bindings, uses)
         bindings, wrote = self._producers(bindings, uses)
@@ -221,14 +223,18 @@ class _Function:
 
     # -- operands written in place ---------------------------------------------------------------
 
+    def _pack_offsets(self, value: Any) -> Any:
+        """The operands' byte offsets where ``value`` calls a pack kernel (:data:`OPERAND_OFFSETS`)."""
+        if not _is_call(value, _CALL_TIR) or (pack := self.prim(value.args[0])) is None:
+            return None
+        return pack.attrs[OPERAND_OFFSETS] if pack.attrs is not None and OPERAND_OFFSETS in pack.attrs else None
+
     def _producers(self, bindings: list[Any], uses: Counter) -> tuple[list[Any], bool]:
         bound = {b.var: i for i, b in enumerate(bindings) if b is not None}
         out, changed = list(bindings), False
         for i, b in enumerate(bindings):
-            if b is None or not _is_call(b.value, _CALL_TIR) or (pack := self.prim(b.value.args[0])) is None:
-                continue
-            offsets = pack.attrs[OPERAND_OFFSETS] if pack.attrs is not None and OPERAND_OFFSETS in pack.attrs else None
-            flat = _static_1d(b.var.ty)
+            offsets = None if b is None else self._pack_offsets(b.value)
+            flat = None if b is None else _static_1d(b.var.ty)
             if offsets is None or flat is None or any(int(o) < 0 for o in offsets):
                 continue
             operands = list(b.value.args[1].fields)
