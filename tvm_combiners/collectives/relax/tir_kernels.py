@@ -14,7 +14,7 @@ per operand, over ten times what building does.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from ...compile.in_place import OPERAND_OFFSETS
@@ -44,13 +44,13 @@ def _kernel(name: str, params: list[tuple[str, tuple[int, ...], str]], body: Cal
     return ib.get()
 
 
-def _aliases(T: Any, flat_dtype: str, dtypes: Iterable[str], flat: Any, length: int) -> dict[str, Any]:
-    """One typed view of the flat buffer per dtype in ``dtypes``."""
+def _aliases(T: Any, plan: PackPlan, flat: Any, length: int) -> dict[str, Any]:
+    """One typed view of the flat buffer per dtype among the segments."""
     names: dict[str, Any] = {}
-    for dtype in dtypes:
-        if dtype not in names:
-            count = length * itemsize(flat_dtype) // itemsize(dtype)
-            names[dtype] = T.decl_buffer((count,), dtype, data=flat.data, layout=None)
+    for seg in plan.segments:
+        if seg.dtype not in names:
+            count = length * itemsize(plan.flat_dtype) // itemsize(seg.dtype)
+            names[seg.dtype] = T.decl_buffer((count,), seg.dtype, data=flat.data, layout=None)
     return names
 
 
@@ -67,7 +67,7 @@ def pack_func(plan: PackPlan, name: str) -> Any:
     params.append(("out", (plan.in_len,), plan.flat_dtype))
 
     def body(T: Any, bufs: list[Any]) -> None:
-        outs = _aliases(T, plan.flat_dtype, [seg.dtype for seg in plan.segments], bufs[-1], plan.in_len)
+        outs = _aliases(T, plan, bufs[-1], plan.in_len)
         for i, seg in enumerate(plan.segments):
             if seg.size == 0:
                 continue
@@ -91,7 +91,7 @@ def unpack_func(plan: PackPlan, name: str, which: tuple[int, ...]) -> Any:
     params += [(f"y{i}", plan.segments[i].result_shape, plan.segments[i].dtype) for i in which]
 
     def body(T: Any, bufs: list[Any]) -> None:
-        ins = _aliases(T, plan.flat_dtype, [seg.dtype for seg in plan.segments], bufs[0], plan.out_len)
+        ins = _aliases(T, plan, bufs[0], plan.out_len)
         for buf, i in zip(bufs[1:], which):
             seg = plan.segments[i]
             size = math.prod(seg.result_shape)
