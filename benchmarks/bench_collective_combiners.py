@@ -200,7 +200,7 @@ def main() -> int:
         return 0
     argv = [sys.executable, str(Path(__file__).resolve()), "--rank"] + (["--quick"] if args.quick else []) \
         + (["--smoke"] if args.smoke else [])
-    return launch_two_ranks(argv, args.nodes, args.rate)  # rank 0 alone prints the table
+    return launch_two_ranks(argv, args.nodes, args.rate, delay=args.delay)  # rank 0 alone prints the table
 
 
 if __name__ == "__main__":

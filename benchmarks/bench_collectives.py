@@ -243,7 +243,7 @@ def main() -> int:
         worker(args.quick)
         return 0
     argv = [sys.executable, str(Path(__file__).resolve()), "--worker", *(["--quick"] if args.quick else [])]
-    return launch_two_ranks(argv, args.nodes, args.rate)  # rank 0 alone prints the table
+    return launch_two_ranks(argv, args.nodes, args.rate, delay=args.delay)  # rank 0 alone prints the table
 
 
 if __name__ == "__main__":

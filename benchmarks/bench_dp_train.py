@@ -71,15 +71,15 @@ def main(argv: list[str] | None = None) -> int:
     example = (QUICK if args.quick else []) + (args.example[1:] if args.example[:1] == ["--"] else args.example)
     if args.nodes not in (None, 2):
         parser.error(f"--nodes must be 2 (one rank on each), got {args.nodes}")
-    if args.rate is not None and args.nodes is None:
-        parser.error("--rate needs --nodes 2")
+    if (args.rate is not None or args.delay is not None) and args.nodes is None:
+        parser.error("--rate and --delay need --nodes 2")
     if args.nodes is not None and (reason := unavailable_reason()) is not None:
         parser.error(reason)
     results = [("2 on one host", _report(_launch(["-n", "2"], example, TIMEOUT_S), "on one host", TIMEOUT_S))]
     if args.nodes is not None:
-        where = f"1 + 1 on 2 hosts{', tbf ' + args.rate if args.rate else ''}"
+        where = f"1 + 1 on 2 hosts{', tbf ' + args.rate if args.rate else ''}{', ' + args.delay if args.delay else ''}"
         try:
-            with SimulatedCluster(2, args.rate) as cluster:
+            with SimulatedCluster(2, args.rate, args.delay) as cluster:
                 job = cluster.on_node(0, _launch(["--hosts", cluster.hosts(1), "--launcher-exec", cluster.launcher],
                                                  example, TIMEOUT_S))
                 results.append((where, _report(job, "across 2 simulated hosts", TIMEOUT_S)))

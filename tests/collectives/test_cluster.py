@@ -145,6 +145,62 @@ def test_the_cluster_limits_bandwidth_and_leaves_nothing_behind(tmp_path: Path) 
         SimulatedCluster(rate="1 gbit")
 
 
+_ECHO = """
+import socket, sys, time
+if sys.argv[1] == "serve":
+    s = socket.create_server(("0.0.0.0", 47123))
+    c, _ = s.accept()
+    while data := c.recv(1 << 20):
+        c.sendall(data)
+else:
+    for _ in range(200):  # the server may not listen yet
+        try:
+            c = socket.create_connection(("node1", 47123), timeout=10)
+            break
+        except OSError:
+            time.sleep(0.05)
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for size in (100, 100, 100, 1 << 20):
+        msg = bytes(i % 251 for i in range(size))
+        start = time.perf_counter()
+        c.sendall(msg)
+        got = b""
+        while len(got) < size:
+            got += c.recv(1 << 20)
+        print(size, time.perf_counter() - start, got == msg, flush=True)
+"""
+
+
+def test_the_cluster_delays_its_link_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    """Every packet between the nodes waits the delay (a round trip at least twice it), arrives
+    whole and in order (a 1 MiB echo), and MPI runs across the link (every rank's allreduce)."""
+    echo = tmp_path / "echo.py"
+    echo.write_text(_ECHO)
+    try:
+        with SimulatedCluster(nodes=2, rate="100mbit", delay="2ms") as made:
+            server = subprocess.Popen(made.on_node(1, [sys.executable, str(echo), "serve"]))
+            try:
+                client = subprocess.run(made.on_node(0, [sys.executable, str(echo), "call"]), capture_output=True,
+                                        text=True, timeout=120)
+            finally:
+                server.kill()
+                server.wait()
+            rows = [line.split() for line in client.stdout.splitlines()]
+            assert [(r[0], r[2]) for r in rows] == [("100", "True")] * 3 + [(str(1 << 20), "True")], client.stderr
+            assert min(float(r[1]) for r in rows) >= 2 * 0.002, rows
+            prog = tmp_path / "sum.py"
+            prog.write_text("from mpi4py import MPI\nc = MPI.COMM_WORLD\nprint(c.rank, c.allreduce(c.rank + 1))\n")
+            proc = made.run([sys.executable, str(prog)], 1, TIMEOUT_S)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            assert sorted(proc.stdout.splitlines()) == ["[rank 0] 0 3", "[rank 1] 1 3"], proc.stdout
+            assert made.leftovers()
+    except ClusterUnavailable as err:
+        pytest.skip(str(err))
+    assert made.leftovers() == []
+    with pytest.raises(ValueError, match=r"delay '2 ms' is not a time above 0 and up to 10 s, such as 250us or 1ms"):
+        SimulatedCluster(delay="2 ms")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("script,rows", [("bench_collectives.py", 16), ("bench_collective_combiners.py", 3)])
 def test_the_collective_benchmarks_run_across_two_simulated_hosts(script: str, rows: int) -> None:

@@ -10,12 +10,14 @@ over ``/etc/hosts``). Commands run on a node in a UTS namespace named after it, 
 of their own and talks TCP between them, as across machines (:data:`NODE_ENV`: UCX, MPICH's network
 layer here, would otherwise reach the other node's ranks through this machine's shared memory,
 which no namespace hides, and no byte would cross the link). ``rate`` limits each node's egress
-with ``tc``'s token bucket (``tbf``). ``launch`` reaches the nodes through :attr:`launcher`, a script
-called as ssh is.
+with ``tc``'s token bucket (``tbf``). ``delay`` gives the link latency: each node's ``eth0`` is then
+a TUN device, and a thread of the process that made the cluster carries every packet between the
+nodes that much after it left (:mod:`.delay`: this kernel has no ``netem``). ``launch`` reaches the
+nodes through :attr:`launcher`, a script called as ssh is.
 
 The cluster touches only what it creates: its namespaces, veths, bridge and ``/etc/netns`` entries,
 named after the process that made them, and removed when it ends (also on an error, Ctrl-C or
-SIGTERM); a cluster whose process died is removed by the next one. It needs root and iproute2's
+SIGTERM); a cluster whose process died is removed by the next one (its TUN devices went with it). It needs root and iproute2's
 ``ip`` with util-linux's ``unshare``; where they are missing :class:`ClusterUnavailable` says which.
 """
 
@@ -35,6 +37,7 @@ from pathlib import Path
 from types import TracebackType
 
 from ...compile.interrupts import terminate_as_interrupt
+from .delay import MTU, DelayHub, parse_delay
 
 PREFIX = "tvc"  # every name the cluster gives starts with it, then the owner's pid
 SUBNET = "10.213.0"
@@ -106,12 +109,14 @@ def _quiet(*argv: str) -> None:
 class SimulatedCluster:
     """``nodes`` hosts (``node0`` ...) on this machine; use as a context manager."""
 
-    def __init__(self, nodes: int = 2, rate: str | None = None) -> None:
+    def __init__(self, nodes: int = 2, rate: str | None = None, delay: str | None = None) -> None:
         if not isinstance(nodes, int) or not 1 <= nodes <= 200:
             raise ValueError(f"SimulatedCluster: nodes must be an integer from 1 to 200, got {nodes!r}")
         if rate is not None and not re.fullmatch(r"\d+(\.\d+)?([kmg]?bit|[kmg]?bps)", rate):
             raise ValueError(f"SimulatedCluster: rate {rate!r} is not a tc rate such as 1gbit or 100mbit")
-        self.nodes, self.rate = nodes, rate
+        self.nodes, self.rate, self.delay = nodes, rate, delay
+        self._delay_s = None if delay is None else parse_delay(delay)
+        self._hub: DelayHub | None = None
         self.id = f"{PREFIX}{os.getpid()}{'abcdefghijklmnopqrstuvwxyz'[next(_count) % 26]}"
         self.bridge = f"{self.id}b"
         self.names = [f"node{i}" for i in range(nodes)]
@@ -167,6 +172,9 @@ class SimulatedCluster:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  trace: TracebackType | None) -> None:
+        if self._hub is not None:
+            self._hub.close()
+            self._hub = None
         for ns in self.namespaces:
             _quiet("ip", "netns", "delete", ns)
             shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
@@ -183,14 +191,26 @@ class SimulatedCluster:
             self._interrupts = None
 
     def _up(self) -> None:
-        _run("ip", "link", "add", self.bridge, "type", "bridge")
-        _run("ip", "link", "set", self.bridge, "up")
+        if self._delay_s is None:
+            _run("ip", "link", "add", self.bridge, "type", "bridge")
+            _run("ip", "link", "set", self.bridge, "up")
+        else:
+            self._hub = DelayHub(self.addresses, self._delay_s)
         hosts = "127.0.0.1 localhost\n" + "".join(f"{a} {n}\n" for a, n in zip(self.addresses, self.names))
         for i, (ns, address) in enumerate(zip(self.namespaces, self.addresses)):
             veth = f"{self.id}v{i}"
             _run("ip", "netns", "add", ns)
-            _run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
-            _run("ip", "link", "set", veth, "master", self.bridge, "up")
+            if self._delay_s is None:
+                _run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+                _run("ip", "link", "set", veth, "master", self.bridge, "up")
+            else:  # made here, then moved: the device stays this process's, in the node's network
+                try:
+                    self._hub.add(veth)
+                except OSError as err:
+                    raise ClusterUnavailable(f"SimulatedCluster: delay needs TUN devices (/dev/net/tun): {err}") from None
+                _run("ip", "link", "set", veth, "netns", ns)
+                _run("ip", "-n", ns, "link", "set", veth, "name", "eth0")
+                _run("ip", "-n", ns, "link", "set", "eth0", "mtu", str(MTU))
             _run("ip", "-n", ns, "addr", "add", f"{address}/24", "dev", "eth0")
             _run("ip", "-n", ns, "link", "set", "eth0", "up")
             _run("ip", "-n", ns, "link", "set", "lo", "up")
@@ -199,6 +219,8 @@ class SimulatedCluster:
                      "burst", "256kb", "latency", "50ms")
             (NETNS_ETC / ns).mkdir(parents=True, exist_ok=True)
             (NETNS_ETC / ns / "hosts").write_text(hosts)
+        if self._hub is not None:
+            self._hub.start()
         self._folder = tempfile.mkdtemp(prefix=f"{self.id}-")
         cases = "".join(f'  {n}) ns={ns} ;;\n' for n, ns in zip(self.names, self.namespaces))
         script = Path(self.launcher)
@@ -230,9 +252,9 @@ exec ip netns exec "$ns" env {' '.join(f"{k}={v}" for k, v in NODE_ENV.items())}
 
 
 def launch_across(nodes: int, argv: Sequence[str], ranks_per_node: int = 1, rate: str | None = None,
-                  timeout: float = 600, prefix: bool = True) -> int:
+                  timeout: float = 600, prefix: bool = True, delay: str | None = None) -> int:
     """Run ``argv`` under launch on a simulated cluster made for it; the job's exit code."""
-    with SimulatedCluster(nodes, rate) as cluster:
+    with SimulatedCluster(nodes, rate, delay) as cluster:
         return subprocess.run(cluster.launch_command(argv, ranks_per_node, timeout, prefix=prefix)).returncode
 
 
@@ -241,23 +263,27 @@ def add_cluster_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, default=None, metavar="N",
                         help="run the ranks on N simulated hosts, one rank each (root; TCP between them)")
     parser.add_argument("--rate", default=None, metavar="R", help="with --nodes: each host's bandwidth (tc, e.g. 1gbit)")
+    parser.add_argument("--delay", default=None, metavar="D",
+                        help="with --nodes: the link's one-way latency (e.g. 250us or 1ms)")
 
 
 def launch_two_ranks(argv: Sequence[str], nodes: int | None = None, rate: str | None = None,
-                     timeout: float = 900) -> int:
+                     timeout: float = 900, delay: str | None = None) -> int:
     """A benchmark's 2 ranks, rank 0 printing its table: on this host, or one on each of 2 simulated
-    hosts (``nodes`` 2, each host's egress limited to ``rate``)."""
+    hosts (``nodes`` 2, each host's egress limited to ``rate``, the link ``delay`` long)."""
     if nodes is None:
-        if rate is not None:
-            raise SystemExit("--rate needs --nodes 2")
+        if rate is not None or delay is not None:
+            raise SystemExit("--rate and --delay need --nodes 2")
         from ..runtime import launch
 
         return launch(2, list(argv), timeout=timeout, prefix=False)
     if nodes != 2:
         raise SystemExit(f"--nodes must be 2 (one rank on each), got {nodes}")
-    print(f"# 2 simulated hosts, one rank each, {'tbf ' + rate if rate else 'no rate limit'}", flush=True)
+    link = ", ".join(part for part in (f"tbf {rate}" if rate else "no rate limit",
+                                       f"{delay} one-way latency" if delay else "") if part)
+    print(f"# 2 simulated hosts, one rank each, {link}", flush=True)
     try:
-        return launch_across(2, argv, 1, rate, timeout, prefix=False)
+        return launch_across(2, argv, 1, rate, timeout, prefix=False, delay=delay)
     except (ClusterUnavailable, ValueError) as err:
         raise SystemExit(str(err)) from None
 
@@ -268,6 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=2, help="simulated hosts (default 2)")
     parser.add_argument("--ranks-per-node", type=int, default=1, help="ranks on each host (default 1)")
     parser.add_argument("--rate", default=None, help="each host's bandwidth, as tc gives it (e.g. 1gbit)")
+    parser.add_argument("--delay", default=None, help="the link's one-way latency (e.g. 250us or 1ms)")
     parser.add_argument("--timeout", type=float, default=600, help="the job's timeout in seconds (default 600)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="after '--': the command each rank runs")
     args = parser.parse_args(argv)
@@ -275,7 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not command:
         parser.error("give the command after '--'")
     try:
-        return launch_across(args.nodes, command, args.ranks_per_node, args.rate, args.timeout)
+        return launch_across(args.nodes, command, args.ranks_per_node, args.rate, args.timeout, delay=args.delay)
     except (ClusterUnavailable, ValueError) as err:
         print(f"{parser.prog}: {err}", file=sys.stderr)
         return 2
