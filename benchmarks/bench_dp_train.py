@@ -1,11 +1,12 @@
 """dp-train's step on 2 ranks: both on this host, and (``--nodes 2``) one on each of 2 simulated hosts.
 
-    .venv/bin/python benchmarks/bench_dp_train.py [--quick] [--nodes 2 [--rate 1gbit]] [-- dp-train options]
+    .venv/bin/python benchmarks/bench_dp_train.py [--quick] [--nodes 2 [--rate 1gbit] [--delay 250us]] [-- ...]
 
 Runs ``tvm-combiners launch --example dp-train --json`` (:mod:`tvm_combiners.app.examples.dp_train`)
 on 2 ranks of this host (MPI through shared memory), then, with ``--nodes 2``, the same job with one
 rank on each of two simulated hosts (``tvm_combiners.collectives.testing``: network namespaces with
-hostnames of their own, MPI over TCP between them, ``--rate``: each host's egress limited by ``tbf``),
+hostnames of their own, MPI over TCP between them, ``--rate``: each host's egress limited by ``tbf``,
+``--delay``: the link's one-way latency),
 launched as across machines (``launch --hosts node0:1,node1:1 --launcher-exec``). One table: for every
 setting and program (``naive``: one allreduce per gradient; ``bucketed``: ``AllReduceCombiner``;
 ``bucketed+parallel-ops``: Q/K/V merged too) its allreduces, the median step and the median time of

@@ -202,18 +202,19 @@ def test_the_cluster_delays_its_link_and_leaves_nothing_behind(tmp_path: Path) -
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script,rows", [("bench_collectives.py", 16), ("bench_collective_combiners.py", 3)])
-def test_the_collective_benchmarks_run_across_two_simulated_hosts(script: str, rows: int) -> None:
+@pytest.mark.parametrize("script,rows,link", [("bench_collectives.py", 16, []),
+                                              ("bench_collective_combiners.py", 3, ["--delay", "250us"])])
+def test_the_collective_benchmarks_run_across_two_simulated_hosts(script: str, rows: int, link: list[str]) -> None:
     if (reason := unavailable_reason()) is not None:
         pytest.skip(reason)
     bench = Path(__file__).parents[2] / "benchmarks" / script
     # no rate limit: at 1 Gbit/s the link alone takes minutes of the suite (16 MiB cases); tbf on a
     # node's link is tested above
     smoke = "--smoke" if script == "bench_collective_combiners.py" else "--quick"
-    proc = subprocess.run([sys.executable, str(bench), smoke, "--nodes", "2"],
+    proc = subprocess.run([sys.executable, str(bench), smoke, "--nodes", "2", *link],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
-    assert lines[0] == "# 2 simulated hosts, one rank each, no rate limit"
+    assert lines[0] == "# 2 simulated hosts, one rank each, no rate limit" + (", 250us one-way latency" if link else "")
     table = [line for line in lines if re.match(r"(allreduce|allgather|reduce_scatter|send/recv|\d+ x )", line)]
     assert len(table) >= rows, proc.stdout
