@@ -15,10 +15,11 @@ a TUN device, and a thread of the process that made the cluster carries every pa
 nodes that much after it left (:mod:`.delay`: this kernel has no ``netem``). ``launch`` reaches the
 nodes through :attr:`launcher`, a script called as ssh is.
 
-The cluster touches only what it creates: its namespaces, veths, bridge and ``/etc/netns`` entries,
-named after the process that made them, and removed when it ends (also on an error, Ctrl-C or
-SIGTERM); a cluster whose process died is removed by the next one (its TUN devices went with it). It needs root and iproute2's
-``ip`` with util-linux's ``unshare``; where they are missing :class:`ClusterUnavailable` says which.
+The cluster touches only what it creates: its namespaces, veths (or TUN devices), bridge and
+``/etc/netns`` entries, named after the process that made them, and removed when it ends (also on
+an error, Ctrl-C or SIGTERM); a cluster whose process died is removed by the next one (its TUN
+devices went with the process). It needs root and iproute2's ``ip`` with util-linux's ``unshare``
+(and ``/dev/net/tun`` for ``delay``); where they are missing :class:`ClusterUnavailable` says which.
 """
 
 from __future__ import annotations
