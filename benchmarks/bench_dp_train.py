@@ -76,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rate and --delay need --nodes 2")
     if args.nodes is not None and (reason := unavailable_reason()) is not None:
         parser.error(reason)
+    try:
+        SimulatedCluster(2, args.rate, args.delay)  # the options' errors before the on-host run
+    except ValueError as err:
+        parser.error(str(err))
     results = [("2 on one host", _report(_launch(["-n", "2"], example, TIMEOUT_S), "on one host", TIMEOUT_S))]
     if args.nodes is not None:
         where = f"1 + 1 on 2 hosts{', tbf ' + args.rate if args.rate else ''}{', ' + args.delay if args.delay else ''}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -129,6 +130,63 @@ def _cmdline(pid: str) -> bytes:
         return b""
 
 
+def _processes_running(marker: bytes) -> list[str]:
+    return [pid for pid in os.listdir("/proc") if pid.isdigit() and marker in _cmdline(pid)]
+
+
+def test_ctrl_c_on_the_cluster_cli_ends_every_rank_and_removes_the_cluster(tmp_path: Path) -> None:
+    """The launch on node0 gets SIGTERM (not SIGKILL) and ends its ranks; nothing is left running."""
+    if (reason := unavailable_reason()) is not None:
+        pytest.skip(reason)
+    prog = tmp_path / "waits.py"
+    prog.write_text("import time\nfrom mpi4py import MPI\nMPI.COMM_WORLD.Barrier()\nprint('up', flush=True)\n"
+                    "time.sleep(600)\n")
+    owner = subprocess.Popen([sys.executable, "-m", "tvm_combiners.collectives.testing", "--nodes", "2", "--delay",
+                              "1ms", "--", sys.executable, str(prog)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, cwd=tmp_path)
+    try:
+        assert owner.stdout.readline().strip().endswith("up")  # a rank is past MPI's start
+        owner.send_signal(signal.SIGINT)
+        _, err = owner.communicate(timeout=120)
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+    assert owner.returncode == 130, err[-3000:]
+    assert "interrupted: the cluster is removed" in err
+    assert _processes_running(str(prog).encode()) == []
+    assert not any(tmp_path.glob(".tvm-combiners-launch-*"))  # the launch's own folder went with it
+    assert not [ns for ns in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+                if ns.startswith(f"tvc{owner.pid}")]
+
+
+def test_a_delayed_link_that_stops_says_why_and_closes_once() -> None:
+    from tvm_combiners.collectives.testing.delay import DelayHub
+
+    hub = DelayHub(["10.213.0.10"], 0.001)
+    unused = next(fd for fd in range(900, 1000) if not _is_open(fd))
+    hub.fds.append(unused)  # not a descriptor: the thread's first wait fails
+    hub.start()
+    hub._thread.join(10)
+    assert hub.failed is not None and hub.failed.startswith("OSError"), hub.failed
+    hub.close()
+    r, w = os.pipe()  # may reuse the numbers the hub closed: a second close must not touch them
+    try:
+        hub.close()
+        os.write(w, b"a")
+        assert os.read(r, 1) == b"a"
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
 def test_the_cluster_limits_bandwidth_and_leaves_nothing_behind(tmp_path: Path) -> None:
     try:
         with SimulatedCluster(nodes=2, rate="100mbit") as made:
@@ -197,7 +255,7 @@ def test_the_cluster_delays_its_link_and_leaves_nothing_behind(tmp_path: Path) -
     except ClusterUnavailable as err:
         pytest.skip(str(err))
     assert made.leftovers() == []
-    with pytest.raises(ValueError, match=r"delay '2 ms' is not a time above 0 and up to 10 s, such as 250us or 1ms"):
+    with pytest.raises(ValueError, match=r"delay '2 ms' is not a time from 1us to 10s, such as 250us or 1ms"):
         SimulatedCluster(delay="2 ms")
 
 

@@ -1,12 +1,12 @@
-"""A cluster of N hosts on one machine: network namespaces with hostnames of their own, one bridge.
+"""A cluster of N hosts on one machine: network namespaces with hostnames of their own, one link.
 
     python -m tvm_combiners.collectives.testing --nodes 2 --ranks-per-node 2 [--rate 1gbit] \\
         -- python prog.py
 
 Each node is a network namespace (``<id>-node<i>``) holding one end of a veth pair whose other end
-is on a bridge of the cluster's own; node ``i`` has the address ``10.213.0.<10+i>`` there, and
-``nodeI`` resolves to it inside every node (``ip netns exec`` puts ``/etc/netns/<namespace>/hosts``
-over ``/etc/hosts``). Commands run on a node in a UTS namespace named after it, so MPICH sees hosts
+is on a bridge of the cluster's own (with ``delay``, a TUN device instead: below); node ``i`` has
+the address ``10.213.0.<10+i>`` there, and ``nodeI`` resolves to it inside every node (``ip netns
+exec`` puts ``/etc/netns/<namespace>/hosts`` over ``/etc/hosts``). Commands run on a node in a UTS namespace named after it, so MPICH sees hosts
 of their own and talks TCP between them, as across machines (:data:`NODE_ENV`: UCX, MPICH's network
 layer here, would otherwise reach the other node's ranks through this machine's shared memory,
 which no namespace hides, and no byte would cross the link). ``rate`` limits each node's egress
@@ -30,6 +30,7 @@ import itertools
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -98,9 +99,32 @@ def remove_stale() -> list[str]:
         if owner and not _alive(int(owner.group(1))):
             _quiet("ip", "link", "delete", name)
             removed.append(name)
+    for folder in Path(tempfile.gettempdir()).glob(f"{PREFIX}*-"):  # the launcher scripts' folders
+        owner = _OWNED.match(folder.name)
+        if owner and not _alive(int(owner.group(1))):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(str(folder))
     with contextlib.suppress(OSError):
         NETNS_ETC.rmdir()  # only where empty: a folder someone else uses stays
     return removed
+
+
+def _job(argv: Sequence[str], timeout: float | None = None, capture: bool = False) -> subprocess.CompletedProcess:
+    """``argv`` (a launch started on a node) to its end. Interrupted, or past ``timeout``, the launch
+    gets SIGTERM and time to end its ranks (a SIGKILL would leave mpiexec and them running), then
+    SIGKILL; the interrupt or ``subprocess.TimeoutExpired`` propagates."""
+    pipe = subprocess.PIPE if capture else None
+    with subprocess.Popen(list(argv), stdout=pipe, stderr=pipe, text=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except BaseException:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.communicate(timeout=60)
+            except BaseException:
+                proc.kill()
+            raise
+    return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
 
 
 def _quiet(*argv: str) -> None:
@@ -154,8 +178,14 @@ class SimulatedCluster:
     def run(self, argv: Sequence[str], ranks_per_node: int = 1, timeout: float = 300) -> subprocess.CompletedProcess:
         """``argv`` under ``launch`` across every node (:meth:`launch_command`), its output captured; the
         launcher's own timeout ends the job, this one (a minute later) only a launcher that hangs."""
-        return subprocess.run(self.launch_command(argv, ranks_per_node, timeout), capture_output=True, text=True,
-                              timeout=timeout + 60)
+        done = _job(self.launch_command(argv, ranks_per_node, timeout), timeout + 60, capture=True)
+        self.check_link()
+        return done
+
+    def check_link(self) -> None:
+        """Raise if the delayed link's thread stopped carrying packets (the nodes were cut off)."""
+        if self._hub is not None and self._hub.failed is not None:
+            raise RuntimeError(f"SimulatedCluster: the delayed link stopped: {self._hub.failed}")
 
     def __enter__(self) -> SimulatedCluster:
         reason = unavailable_reason()
@@ -173,9 +203,10 @@ class SimulatedCluster:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  trace: TracebackType | None) -> None:
+        failed = None
         if self._hub is not None:
             self._hub.close()
-            self._hub = None
+            failed, self._hub = self._hub.failed, None
         for ns in self.namespaces:
             _quiet("ip", "netns", "delete", ns)
             shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
@@ -190,6 +221,8 @@ class SimulatedCluster:
         if self._interrupts is not None:
             self._interrupts.close()
             self._interrupts = None
+        if failed is not None and kind is None:
+            raise RuntimeError(f"SimulatedCluster: the delayed link stopped: {failed}")
 
     def _up(self) -> None:
         if self._delay_s is None:
@@ -199,18 +232,19 @@ class SimulatedCluster:
             self._hub = DelayHub(self.addresses, self._delay_s)
         hosts = "127.0.0.1 localhost\n" + "".join(f"{a} {n}\n" for a, n in zip(self.addresses, self.names))
         for i, (ns, address) in enumerate(zip(self.namespaces, self.addresses)):
-            veth = f"{self.id}v{i}"
+            link = f"{self.id}v{i}"  # the node's end is eth0: a veth's peer, or this TUN device renamed
             _run("ip", "netns", "add", ns)
             if self._delay_s is None:
-                _run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
-                _run("ip", "link", "set", veth, "master", self.bridge, "up")
+                _run("ip", "link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", ns)
+                _run("ip", "link", "set", link, "master", self.bridge, "up")
             else:  # made here, then moved: the device stays this process's, in the node's network
                 try:
-                    self._hub.add(veth)
+                    self._hub.add(link)
                 except OSError as err:
-                    raise ClusterUnavailable(f"SimulatedCluster: delay needs TUN devices (/dev/net/tun): {err}") from None
-                _run("ip", "link", "set", veth, "netns", ns)
-                _run("ip", "-n", ns, "link", "set", veth, "name", "eth0")
+                    raise ClusterUnavailable(f"SimulatedCluster: cannot make TUN device {link} for delay "
+                                             f"(/dev/net/tun): {err}") from None
+                _run("ip", "link", "set", link, "netns", ns)
+                _run("ip", "-n", ns, "link", "set", link, "name", "eth0")
                 _run("ip", "-n", ns, "link", "set", "eth0", "mtu", str(MTU))
             _run("ip", "-n", ns, "addr", "add", f"{address}/24", "dev", "eth0")
             _run("ip", "-n", ns, "link", "set", "eth0", "up")
@@ -256,11 +290,13 @@ def launch_across(nodes: int, argv: Sequence[str], ranks_per_node: int = 1, rate
                   timeout: float = 600, prefix: bool = True, delay: str | None = None) -> int:
     """Run ``argv`` under launch on a simulated cluster made for it; the job's exit code."""
     with SimulatedCluster(nodes, rate, delay) as cluster:
-        return subprocess.run(cluster.launch_command(argv, ranks_per_node, timeout, prefix=prefix)).returncode
+        code = _job(cluster.launch_command(argv, ranks_per_node, timeout, prefix=prefix)).returncode
+        cluster.check_link()
+        return code
 
 
 def add_cluster_options(parser: argparse.ArgumentParser) -> None:
-    """A benchmark's ``--nodes N [--rate R]``: its ranks on N simulated hosts."""
+    """A benchmark's ``--nodes N [--rate R] [--delay D]``: its ranks on N simulated hosts."""
     parser.add_argument("--nodes", type=int, default=None, metavar="N",
                         help="run the ranks on N simulated hosts, one rank each (root; TCP between them)")
     parser.add_argument("--rate", default=None, metavar="R", help="with --nodes: each host's bandwidth (tc, e.g. 1gbit)")
@@ -280,6 +316,10 @@ def launch_two_ranks(argv: Sequence[str], nodes: int | None = None, rate: str | 
         return launch(2, list(argv), timeout=timeout, prefix=False)
     if nodes != 2:
         raise SystemExit(f"--nodes must be 2 (one rank on each), got {nodes}")
+    try:
+        SimulatedCluster(2, rate, delay)  # the options' errors before anything is printed
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
     link = ", ".join(part for part in (f"tbf {rate}" if rate else "no rate limit",
                                        f"{delay} one-way latency" if delay else "") if part)
     print(f"# 2 simulated hosts, one rank each, {link}", flush=True)
