@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -157,6 +159,25 @@ def test_ctrl_c_on_the_cluster_cli_ends_every_rank_and_removes_the_cluster(tmp_p
     assert not any(tmp_path.glob(".tvm-combiners-launch-*"))  # the launch's own folder went with it
     assert not [ns for ns in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
                 if ns.startswith(f"tvc{owner.pid}")]
+
+
+def test_what_a_dead_owner_left_in_the_temporary_folder_goes_with_the_next_cluster() -> None:
+    if (reason := unavailable_reason()) is not None:
+        pytest.skip(reason)
+    from tvm_combiners.collectives.testing.cluster import remove_stale
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # its pid names a process no longer alive
+    left = Path(tempfile.gettempdir()) / f"tvc{dead.pid}a-launcher"
+    left.mkdir()
+    (left / "enter-node").write_text("#!/bin/sh\n")
+    mine = Path(tempfile.mkdtemp(prefix=f"tvc{os.getpid()}z-"))  # a live owner's stays
+    try:
+        assert str(left) in remove_stale()
+        assert not left.exists() and mine.exists()
+    finally:
+        shutil.rmtree(left, ignore_errors=True)
+        shutil.rmtree(mine, ignore_errors=True)
 
 
 def test_a_delayed_link_that_stops_says_why_and_closes_once() -> None:

@@ -99,7 +99,7 @@ def remove_stale() -> list[str]:
         if owner and not _alive(int(owner.group(1))):
             _quiet("ip", "link", "delete", name)
             removed.append(name)
-    for folder in Path(tempfile.gettempdir()).glob(f"{PREFIX}*-"):  # the launcher scripts' folders
+    for folder in Path(tempfile.gettempdir()).glob(f"{PREFIX}*-*"):  # the launcher scripts' folders
         owner = _OWNED.match(folder.name)
         if owner and not _alive(int(owner.group(1))):
             shutil.rmtree(folder, ignore_errors=True)
