@@ -26,6 +26,7 @@ from tvm_combiners.collectives.testing.cluster import (
     ClusterUnavailable,
     SimulatedCluster,
     add_cluster_options,
+    cluster_options_error,
     unavailable_reason,
 )
 
@@ -70,16 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("example", nargs=argparse.REMAINDER, help="after '--': options for the dp-train example")
     args = parser.parse_args(argv)
     example = (QUICK if args.quick else []) + (args.example[1:] if args.example[:1] == ["--"] else args.example)
-    if args.nodes not in (None, 2):
-        parser.error(f"--nodes must be 2 (one rank on each), got {args.nodes}")
-    if (args.rate is not None or args.delay is not None) and args.nodes is None:
-        parser.error("--rate and --delay need --nodes 2")
+    if (error := cluster_options_error(args.nodes, args.rate, args.delay)) is not None:
+        parser.error(error)  # before the on-host run
     if args.nodes is not None and (reason := unavailable_reason()) is not None:
         parser.error(reason)
-    try:
-        SimulatedCluster(2, args.rate, args.delay)  # the options' errors before the on-host run
-    except ValueError as err:
-        parser.error(str(err))
     results = [("2 on one host", _report(_launch(["-n", "2"], example, TIMEOUT_S), "on one host", TIMEOUT_S))]
     if args.nodes is not None:
         where = f"1 + 1 on 2 hosts{', tbf ' + args.rate if args.rate else ''}{', ' + args.delay if args.delay else ''}"

@@ -120,9 +120,7 @@ def test_a_hung_rank_on_the_second_node_is_killed_with_every_other(cluster: Simu
     proc = _run(cluster, [sys.executable, str(prog)], timeout=20)
     assert proc.returncode == 124, proc.stderr[-3000:]
     assert "timed out after 20 s: killed all 4 ranks" in proc.stderr
-    left = [pid for pid in os.listdir("/proc") if pid.isdigit() and str(prog).encode() in
-            _cmdline(pid)]
-    assert left == []
+    assert _processes_running(str(prog).encode()) == []
 
 
 def _cmdline(pid: str) -> bytes:

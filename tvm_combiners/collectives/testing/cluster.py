@@ -304,22 +304,30 @@ def add_cluster_options(parser: argparse.ArgumentParser) -> None:
                         help="with --nodes: the link's one-way latency (e.g. 250us or 1ms)")
 
 
+def cluster_options_error(nodes: int | None, rate: str | None, delay: str | None) -> str | None:
+    """What is wrong with a benchmark's ``--nodes/--rate/--delay`` (:func:`add_cluster_options`), or
+    None: checked before anything runs or prints."""
+    if nodes is None:
+        return "--rate and --delay need --nodes 2" if rate is not None or delay is not None else None
+    if nodes != 2:
+        return f"--nodes must be 2 (one rank on each), got {nodes}"
+    try:
+        SimulatedCluster(2, rate, delay)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
 def launch_two_ranks(argv: Sequence[str], nodes: int | None = None, rate: str | None = None,
                      timeout: float = 900, delay: str | None = None) -> int:
     """A benchmark's 2 ranks, rank 0 printing its table: on this host, or one on each of 2 simulated
     hosts (``nodes`` 2, each host's egress limited to ``rate``, the link ``delay`` long)."""
+    if (error := cluster_options_error(nodes, rate, delay)) is not None:
+        raise SystemExit(error)
     if nodes is None:
-        if rate is not None or delay is not None:
-            raise SystemExit("--rate and --delay need --nodes 2")
         from ..runtime import launch
 
         return launch(2, list(argv), timeout=timeout, prefix=False)
-    if nodes != 2:
-        raise SystemExit(f"--nodes must be 2 (one rank on each), got {nodes}")
-    try:
-        SimulatedCluster(2, rate, delay)  # the options' errors before anything is printed
-    except ValueError as err:
-        raise SystemExit(str(err)) from None
     link = ", ".join(part for part in (f"tbf {rate}" if rate else "no rate limit",
                                        f"{delay} one-way latency" if delay else "") if part)
     print(f"# 2 simulated hosts, one rank each, {link}", flush=True)
