@@ -233,8 +233,9 @@ class _Function:
         bound = {b.var: i for i, b in enumerate(bindings) if b is not None}
         out, changed = list(bindings), False
         for i, b in enumerate(bindings):
-            offsets = None if b is None else self._pack_offsets(b.value)
-            flat = None if b is None else _static_1d(b.var.ty)
+            if b is None:
+                continue
+            offsets, flat = self._pack_offsets(b.value), _static_1d(b.var.ty)
             if offsets is None or flat is None or any(int(o) < 0 for o in offsets):
                 continue
             operands = list(b.value.args[1].fields)
